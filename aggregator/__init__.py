@@ -1,0 +1,1 @@
+"""Aggregator: decoding, aggregation, privacy accounting and the EE-DP-FL solver."""

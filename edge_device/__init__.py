@@ -1,0 +1,1 @@
+"""Edge-device agent: local training and the uplink encoder."""

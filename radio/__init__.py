@@ -1,0 +1,1 @@
+"""Radio: analog symbol mapping, links, channel models, framing, UHD access, SigMF."""

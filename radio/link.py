@@ -1,0 +1,163 @@
+"""The link interface: the seam between the learning system and the radio.
+
+Every link (``symbol``, ``waveform``, ``gnuradio``, ``usrp``) takes one device's analog
+symbols and returns what the receiver got plus the channel state the receiver knows.
+The learning side never sees anything else of the radio.
+
+Conventions
+-----------
+* Symbols are complex baseband, ``complex128``, shape ``(n_symbols,)``. Two real values
+  travel per symbol (:mod:`radio.analog`).
+* Power is in *symbol-power units*: a stream with ``mean(|x|^2) == 1`` radiates the
+  hardware config's ``tx_power_ref_w`` watts.
+* ``noise_var`` is ``N0 = E|n|^2`` per complex symbol in the same units, so each real
+  coordinate (I or Q) carries noise of variance ``N0 / 2``.
+* The configured ``snr_db`` of a device is the receive SNR of a unit-power stream at
+  unit average channel power gain: ``N0 = 10 ** (-snr_db / 10)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChannelState:
+    """What the receiver knows of the channel of one upload.
+
+    Attributes
+    ----------
+    gain
+        ``complex128``, shape ``(n_symbols,)``: the complex gain ``h`` of each payload
+        symbol as the receiver knows it (realized in simulation, estimated from pilots
+        over a waveform or radio link). Constant within a coherence block.
+    noise_var
+        Point value of ``N0`` per complex symbol (symbol-power units).
+    noise_var_lower, noise_var_upper
+        Confidence bounds on ``N0``. Equal to ``noise_var`` when N0 is known exactly (the
+        simulated links); the privacy accountant only ever credits ``noise_var_lower``.
+    estimated
+        ``True`` when ``gain`` and ``noise_var`` were estimated from the received signal.
+    confidence
+        Two-sided confidence level of ``[noise_var_lower, noise_var_upper]``.
+    """
+
+    gain: np.ndarray
+    noise_var: float
+    noise_var_lower: float
+    noise_var_upper: float
+    estimated: bool = False
+    confidence: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.gain.ndim != 1 or not np.iscomplexobj(self.gain):
+            raise ValueError("ChannelState.gain must be a 1-d complex array")
+        if not (0.0 <= self.noise_var_lower <= self.noise_var <= self.noise_var_upper):
+            raise ValueError(
+                "ChannelState: need 0 <= noise_var_lower <= noise_var <= noise_var_upper, got "
+                f"{self.noise_var_lower}, {self.noise_var}, {self.noise_var_upper}"
+            )
+
+    @classmethod
+    def known(cls, gain: np.ndarray, noise_var: float) -> ChannelState:
+        """State known exactly (simulation): both bounds equal the true N0."""
+        return cls(
+            gain=np.asarray(gain, dtype=np.complex128),
+            noise_var=float(noise_var),
+            noise_var_lower=float(noise_var),
+            noise_var_upper=float(noise_var),
+            estimated=False,
+            confidence=1.0,
+        )
+
+    def max_gain_power(self) -> float:
+        """``max |h|^2`` over the upload (the least private block)."""
+        return float(np.max(np.abs(self.gain) ** 2)) if self.gain.size else 0.0
+
+    def mean_gain_power(self) -> float:
+        """``mean |h|^2`` over the upload."""
+        return float(np.mean(np.abs(self.gain) ** 2)) if self.gain.size else 0.0
+
+
+@dataclass(frozen=True)
+class Reception:
+    """What the receiver got for one upload.
+
+    Attributes
+    ----------
+    symbols
+        ``complex128``, shape ``(n_symbols,)``: received payload symbols, synchronised
+        but **not** equalised: ``y = h x + n``.
+    state
+        The channel state the receiver knows.
+    samples_sent, samples_received
+        Counts at both ends of the link (samples for waveform links, symbols for the
+        symbol link). A link raises :class:`LinkError` rather than return a reception with
+        samples missing.
+    airtime_s
+        Payload air time in seconds (payload symbols / symbol rate).
+    info
+        Link-specific measurements (``snr_est_db``, ``cfo_est_hz``, ...).
+    """
+
+    symbols: np.ndarray
+    state: ChannelState
+    samples_sent: int
+    samples_received: int
+    airtime_s: float
+    info: Mapping[str, float] = field(default_factory=dict)
+
+
+class LinkError(RuntimeError):
+    """An upload failed on the link (samples lost, no frame found, device missing)."""
+
+
+class Link(ABC):
+    """One uplink medium shared by all devices. Use as a context manager."""
+
+    #: Registry name (``symbol``, ``waveform``, ``gnuradio``, ``usrp``).
+    name: str = ""
+
+    @abstractmethod
+    def transmit(
+        self,
+        *,
+        device: int,
+        round_index: int,
+        symbols: np.ndarray,
+        rng: np.random.Generator,
+    ) -> Reception:
+        """Send one device's payload and return what the receiver got.
+
+        Parameters
+        ----------
+        device
+            Device index in ``[0, devices)``.
+        round_index
+            Global round (upload) index, from 0.
+        symbols
+            ``complex128``, shape ``(n_symbols,)``, already scaled by the device's power
+            scaling ``alpha`` (symbol-power units).
+        rng
+            Generator for the *channel* (fading, channel noise) of this device and round,
+            spawned from the experiment seed. Never used for privacy noise.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release processes, sockets and radios. Idempotent."""
+
+    def __enter__(self) -> Link:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

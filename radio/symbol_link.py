@@ -1,0 +1,100 @@
+"""The ``symbol`` link: in-process ``y = h x + n`` per analog symbol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from radio.channel import Fading, awgn, draw_block_gains, expand_blocks, n_blocks_for
+from radio.link import ChannelState, Link, Reception
+from radio.units import noise_var_from_snr_db
+
+
+@dataclass(frozen=True)
+class ChannelParams:
+    """Per-device channel description shared by the simulated links.
+
+    Attributes
+    ----------
+    snr_db
+        Per-device receive SNR (dB) of a unit-power stream at unit mean channel gain,
+        shape ``(devices,)``.
+    fading
+        ``none``, ``rayleigh`` or ``rician`` (block fading, ``E|h|^2 = 1``).
+    rician_k_db
+        Rician K-factor (dB).
+    coherence_symbols
+        Symbols per fading block; ``None``: one block per upload (redrawn every round).
+    symbol_rate_hz
+        Symbol rate (Hz); sets the air time.
+    noiseless
+        ``h = 1`` and no noise (for exactness tests).
+    """
+
+    snr_db: tuple[float, ...]
+    fading: Fading = "none"
+    rician_k_db: float = 6.0
+    coherence_symbols: int | None = None
+    symbol_rate_hz: float = 200e3
+    noiseless: bool = False
+
+    def noise_var(self, device: int) -> float:
+        """N0 of ``device`` per complex symbol (symbol-power units)."""
+        if self.noiseless:
+            return 0.0
+        return noise_var_from_snr_db(self.snr_db[device])
+
+    def draw_state(self, device: int, n_symbols: int, rng: np.random.Generator) -> ChannelState:
+        """Generate the channel state of one upload (gain per symbol, N0)."""
+        if not 0 <= device < len(self.snr_db):
+            raise ValueError(f"device {device} outside [0, {len(self.snr_db)})")
+        fading: Fading = "none" if self.noiseless else self.fading
+        blocks = draw_block_gains(
+            fading, n_blocks_for(n_symbols, self.coherence_symbols), rng,
+            rician_k_db=self.rician_k_db,
+        )
+        gain = expand_blocks(blocks, n_symbols, self.coherence_symbols)
+        return ChannelState.known(gain, self.noise_var(device))
+
+
+def apply_channel(symbols: np.ndarray, state: ChannelState, rng: np.random.Generator) -> np.ndarray:
+    """``y = h x + n`` with the state's gain and noise, shape as ``symbols``."""
+    x = np.asarray(symbols, dtype=np.complex128)
+    if x.shape != state.gain.shape:
+        raise ValueError(f"symbols shape {x.shape} != channel gain shape {state.gain.shape}")
+    y = state.gain * x
+    if state.noise_var > 0:
+        y = y + awgn(x.size, state.noise_var, rng)
+    return y
+
+
+class SymbolLink(Link):
+    """In-process symbol-level channel; the receiver knows h and N0 exactly."""
+
+    name = "symbol"
+
+    def __init__(self, params: ChannelParams) -> None:
+        self.params = params
+
+    def transmit(
+        self,
+        *,
+        device: int,
+        round_index: int,
+        symbols: np.ndarray,
+        rng: np.random.Generator,
+    ) -> Reception:
+        x = np.asarray(symbols, dtype=np.complex128)
+        if x.ndim != 1:
+            raise ValueError(f"symbols must be 1-d, got shape {x.shape}")
+        state = self.params.draw_state(device, x.size, rng)
+        y = apply_channel(x, state, rng)
+        return Reception(
+            symbols=y,
+            state=state,
+            samples_sent=x.size,
+            samples_received=y.size,
+            airtime_s=x.size / self.params.symbol_rate_hz,
+        )

@@ -53,7 +53,9 @@ def draw_block_gains(
     raise ValueError(f"fading: got {fading!r}; allowed: 'none', 'rayleigh', 'rician'")
 
 
-def expand_blocks(block_gains: np.ndarray, n_symbols: int, coherence_symbols: int | None) -> np.ndarray:
+def expand_blocks(
+    block_gains: np.ndarray, n_symbols: int, coherence_symbols: int | None
+) -> np.ndarray:
     """Per-symbol gains from block gains, shape ``(n_symbols,)``.
 
     ``coherence_symbols=None`` means one block covers the whole upload.

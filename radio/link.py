@@ -45,6 +45,9 @@ class ChannelState:
         ``True`` when ``gain`` and ``noise_var`` were estimated from the received signal.
     confidence
         Two-sided confidence level of ``[noise_var_lower, noise_var_upper]``.
+    gain_power_upper
+        Upper confidence bound on ``max |h|^2`` over the upload when the gain is estimated
+        (a larger gain means less privacy from the channel); ``None`` when exact.
     """
 
     gain: np.ndarray
@@ -53,6 +56,7 @@ class ChannelState:
     noise_var_upper: float
     estimated: bool = False
     confidence: float = 1.0
+    gain_power_upper: float | None = None
 
     def __post_init__(self) -> None:
         if self.gain.ndim != 1 or not np.iscomplexobj(self.gain):
@@ -78,6 +82,11 @@ class ChannelState:
     def max_gain_power(self) -> float:
         """``max |h|^2`` over the upload (the least private block)."""
         return float(np.max(np.abs(self.gain) ** 2)) if self.gain.size else 0.0
+
+    def credited_gain_power(self) -> float:
+        """``|h|^2`` to use for privacy: the upper bound when estimated, else the max."""
+        exact = self.max_gain_power()
+        return exact if self.gain_power_upper is None else max(exact, self.gain_power_upper)
 
     def mean_gain_power(self) -> float:
         """``mean |h|^2`` over the upload."""
@@ -147,6 +156,19 @@ class Link(ABC):
             Generator for the *channel* (fading, channel noise) of this device and round,
             spawned from the experiment seed. Never used for privacy noise.
         """
+
+    def probe(
+        self, *, device: int, round_index: int, n_symbols: int, rng: np.random.Generator
+    ) -> ChannelState | None:
+        """The channel state the *next* ``transmit`` of this device and round will see.
+
+        Simulated links draw the state here and reuse it in ``transmit`` (so a budget can be
+        checked against the realized channel before the device transmits). Hardware links
+        return ``None``: the state is unknown until received, and the budget check must then
+        assume no channel-noise credit. ``rng`` must be the same generator later passed to
+        ``transmit``.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release processes, sockets and radios. Idempotent."""

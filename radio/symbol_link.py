@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +76,14 @@ class SymbolLink(Link):
 
     def __init__(self, params: ChannelParams) -> None:
         self.params = params
+        self._probed: dict[tuple[int, int], ChannelState] = {}
+
+    def probe(
+        self, *, device: int, round_index: int, n_symbols: int, rng: np.random.Generator
+    ) -> ChannelState:
+        state = self.params.draw_state(device, n_symbols, rng)
+        self._probed[(device, round_index)] = state
+        return state
 
     def transmit(
         self,
@@ -89,7 +96,9 @@ class SymbolLink(Link):
         x = np.asarray(symbols, dtype=np.complex128)
         if x.ndim != 1:
             raise ValueError(f"symbols must be 1-d, got shape {x.shape}")
-        state = self.params.draw_state(device, x.size, rng)
+        state = self._probed.pop((device, round_index), None)
+        if state is None or state.gain.size != x.size:
+            state = self.params.draw_state(device, x.size, rng)
         y = apply_channel(x, state, rng)
         return Reception(
             symbols=y,

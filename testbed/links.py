@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import HardwareConfig
+from pathlib import Path
+
 from radio.link import Link
 from radio.symbol_link import ChannelParams, SymbolLink
+from testbed.config.experiment import ExperimentConfig
+from testbed.config.hardware import HardwareConfig
 
 
 def channel_params(exp: ExperimentConfig, hw: HardwareConfig) -> ChannelParams:
@@ -25,8 +27,17 @@ def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:
     return exp.link or hw.link
 
 
-def make_link(exp: ExperimentConfig, hw: HardwareConfig) -> Link:
-    """Construct (and for process-backed links, start) the experiment's link."""
+def make_link(
+    exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None = None
+) -> Link:
+    """Construct (and for process-backed links, start) the experiment's link.
+
+    Parameters
+    ----------
+    record_dir
+        When given (``record: true``), links that handle I/Q store each received upload
+        there as SigMF.
+    """
     name = link_name(exp, hw)
     if name == "symbol":
         return SymbolLink(channel_params(exp, hw))

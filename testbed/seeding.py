@@ -40,7 +40,9 @@ def experiment_generator(
         Indices; ``0`` when the purpose is not per device or per round.
     """
     if seed < 0 or device < 0 or round_index < 0:
-        raise ValueError(f"seed, device and round must be >= 0, got {seed}, {device}, {round_index}")
+        raise ValueError(
+            f"seed, device and round must be >= 0, got {seed}, {device}, {round_index}"
+        )
     return np.random.Generator(
         np.random.PCG64(np.random.SeedSequence([seed, int(stream), device, round_index]))
     )

@@ -1,0 +1,172 @@
+"""Privacy events: one frozen record per upload of one device, with the values actually used.
+
+This module depends on nothing else in the package. A field's meaning, once given, never
+changes: a new meaning gets a new event type (and a new ``TYPE`` tag in the JSON).
+
+Conventions (binding for whoever fills an event)
+------------------------------------------------
+* The device sends ``x = alpha * C(g + eta)`` (``mechanism="before"``, Algorithm 1 of 003)
+  or ``x = alpha * (C(g) + eta)`` (``mechanism="after"``, eq. 21), where ``C`` includes the
+  ``d / l`` sparsification scaling and the quantizer, and ``g`` is the clipped differential.
+* ``sigma`` is the artificial noise standard deviation per coordinate, in the units of the
+  vector it is added to: of ``g`` for ``"before"``, of ``C(g)`` for ``"after"`` (for a discrete
+  Gaussian on the quantization grid of spacing ``s / Q``: ``sigma = sqrt(sigma2) * s / Q``
+  with ``sigma2`` the sampler's scale in grid units).
+* ``gain`` is the real ``|h| >= 0`` the receiver credits: the upper confidence bound on
+  ``max |h|`` over the upload when ``h`` is estimated (a larger gain means less privacy).
+* ``n0`` is the channel noise variance **per real coordinate** credited, i.e. the lower
+  confidence bound. Analog symbols are complex, two reals per symbol; a complex noise of
+  ``E|n|^2 = N0`` puts ``N0 / 2`` on each real coordinate, so the runner records
+  ``n0 = N0_lower / 2``.
+* ``trusted_channel_noise`` in ``[0, 1]``: the fraction of ``n0`` credited
+  (``0`` = local DP: the channel noise is not trusted at all).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+#: Where the artificial noise sits; ``"none"``: no privacy mechanism (nothing is credited).
+MECHANISMS = ("before", "after", "none")
+CLIP_MODES = ("coordinate", "norm", "none")
+#: Quantizer scale: ``"norm"`` = the l2 norm of the sparse vector, sent as side information
+#: (003 eq. 7); ``"fixed"`` = the public bound ``Z sqrt(d/l)`` (coordinate clipping) or
+#: ``Z d / l`` (norm clipping) on that norm, so nothing data-dependent is sent in the clear.
+QUANTIZER_SCALES = ("norm", "fixed")
+
+
+class EventError(ValueError):
+    """An event field is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class UploadEvent:
+    """One upload of one device in one round.
+
+    Attributes
+    ----------
+    round, device
+        Global round index and device index (``>= 0``).
+    mechanism
+        ``"before"``, ``"after"`` or ``"none"`` (see the module docstring).
+    sigma
+        Artificial noise std per coordinate (``>= 0``).
+    alpha
+        Power scaling applied to the compressed vector (``>= 0``, symbol-power units).
+    gain
+        Credited ``|h|`` (``>= 0``), an upper bound when estimated.
+    n0
+        Credited channel noise variance per real coordinate (``>= 0``), a lower bound.
+    trusted_channel_noise
+        Fraction of ``n0`` credited, in ``[0, 1]``.
+    d, l
+        Model size and coordinates sent (``1 <= l <= d``; ``l == d``: no sparsification).
+    q
+        Quantization levels ``Q >= 1``, or ``None`` (no quantization).
+    clip
+        ``Z > 0``, the l2 clipping bound.
+    clip_mode
+        ``"coordinate"``, ``"norm"`` or ``"none"``.
+    quantizer_scale
+        ``"norm"`` or ``"fixed"`` (see :data:`QUANTIZER_SCALES`).
+    """
+
+    TYPE: ClassVar[str] = "upload/v1"
+
+    round: int
+    device: int
+    mechanism: str
+    sigma: float
+    alpha: float
+    gain: float
+    n0: float
+    trusted_channel_noise: float
+    d: int
+    l: int
+    q: int | None
+    clip: float
+    clip_mode: str = "coordinate"
+    quantizer_scale: str = "norm"
+
+    def __post_init__(self) -> None:
+        for name in ("round", "device", "d", "l"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise EventError(f"UploadEvent.{name}={value!r} must be an integer")
+        if self.round < 0 or self.device < 0:
+            raise EventError(
+                f"UploadEvent: round={self.round} and device={self.device} must be >= 0"
+            )
+        if self.d < 1 or not 1 <= self.l <= self.d:
+            raise EventError(f"UploadEvent: need 1 <= l <= d, got l={self.l}, d={self.d}")
+        if self.q is not None and (
+            isinstance(self.q, bool) or not isinstance(self.q, int) or self.q < 1
+        ):
+            raise EventError(f"UploadEvent.q={self.q!r} must be None or an integer >= 1")
+        for name in ("sigma", "alpha", "gain", "n0", "trusted_channel_noise", "clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise EventError(f"UploadEvent.{name}={value!r} must be a real number")
+            if not math.isfinite(value) or value < 0:
+                raise EventError(f"UploadEvent.{name}={value!r} must be finite and >= 0")
+        if self.clip <= 0:
+            raise EventError(f"UploadEvent.clip={self.clip!r} must be > 0")
+        if self.trusted_channel_noise > 1:
+            raise EventError(
+                f"UploadEvent.trusted_channel_noise={self.trusted_channel_noise!r} "
+                "must lie in [0, 1]"
+            )
+        if self.mechanism not in MECHANISMS:
+            raise EventError(f"UploadEvent.mechanism={self.mechanism!r} not in {MECHANISMS}")
+        if self.clip_mode not in CLIP_MODES:
+            raise EventError(f"UploadEvent.clip_mode={self.clip_mode!r} not in {CLIP_MODES}")
+        if self.quantizer_scale not in QUANTIZER_SCALES:
+            raise EventError(
+                f"UploadEvent.quantizer_scale={self.quantizer_scale!r} "
+                f"not in {QUANTIZER_SCALES}"
+            )
+
+    @property
+    def n0_credited(self) -> float:
+        """``trusted_channel_noise * n0``: the channel noise variance per real coordinate."""
+        return self.trusted_channel_noise * self.n0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping with a ``type`` tag (JSON-ready)."""
+        out: dict[str, Any] = {"type": self.TYPE}
+        out.update(asdict(self))
+        return out
+
+    def to_json(self) -> str:
+        """One-line JSON (sorted keys, no spaces)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UploadEvent:
+        """Inverse of :meth:`to_dict`; refuses another type tag and unknown keys."""
+        if not isinstance(data, dict):
+            raise EventError(f"UploadEvent: expected a JSON object, got {type(data).__name__}")
+        kind = data.get("type")
+        if kind != cls.TYPE:
+            raise EventError(f"UploadEvent: type={kind!r}, expected {cls.TYPE!r}")
+        fields = {k: v for k, v in data.items() if k != "type"}
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise EventError(f"UploadEvent: unknown keys {unknown}")
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise EventError(f"UploadEvent: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> UploadEvent:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EventError(f"UploadEvent: not JSON: {exc}") from exc
+        return cls.from_dict(data)

@@ -1,0 +1,273 @@
+"""Compression ``C_{q,s}`` of 003 eqs. (6)-(8): random sparsification, then QSGD quantization.
+
+Sparsification keeps ``l`` of the ``d`` coordinates and scales them by ``d / l`` (eq. 6), so
+that ``E[g^s] = g`` over the mask. The mask is *not* drawn from the privacy generator: it is
+derived from ``(run_secret, device, round)`` with HMAC-SHA256, so the aggregator regenerates
+it and only the ``l`` values travel. Quantization (eq. 7) maps each kept value ``v_j`` to
+``sign(v_j) * s / Q * xi_j`` with ``xi_j`` a stochastic rounding of ``Q |v_j| / s``; the scale
+``s`` is the l2 norm of the sparse vector (QSGD, the paper's choice), or a fixed public
+scale. The norm travels as side information.
+
+Either stage can be turned off: without sparsification ``l = d`` and the mask is every
+coordinate; without quantization the values are sent as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Domain-separation tag of the mask derivation; a new derivation gets a new tag.
+_MASK_TAG = b"dpfl-testbed/sparsify-mask/v1"
+
+
+def sparsify_mask(run_secret: str, device: int, round_index: int, d: int, l: int) -> np.ndarray:
+    """Indices of the ``l`` coordinates a device sends in a round.
+
+    The seed is ``HMAC-SHA256(key=run_secret, msg=tag | device | round | d | l)``, so both
+    ends derive the same mask and nobody without the run secret can predict it. The mask is
+    uniformly random over the ``l``-subsets of ``range(d)`` (``Generator.choice`` without
+    replacement) and is independent of the data.
+
+    Parameters
+    ----------
+    run_secret
+        The run's secret (non-empty string, e.g. from ``testbed.seeding.new_run_secret``).
+    device, round_index
+        Device index and global round index, both ``>= 0``.
+    d
+        Model size (``>= 1``).
+    l
+        Number of coordinates kept, ``1 <= l <= d``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int64``, shape ``(l,)``, sorted, distinct, in ``[0, d)``.
+    """
+    if not isinstance(run_secret, str) or not run_secret:
+        raise ValueError("sparsify_mask: run_secret must be a non-empty string")
+    for name, value in (("device", device), ("round_index", round_index)):
+        if not isinstance(value, int | np.integer) or value < 0:
+            raise ValueError(f"sparsify_mask: {name}={value!r} must be an integer >= 0")
+    _check_d_l(d, l, "sparsify_mask")
+    if l == d:
+        return np.arange(d, dtype=np.int64)
+    msg = b"|".join(
+        [_MASK_TAG, str(int(device)).encode(), str(int(round_index)).encode(),
+         str(int(d)).encode(), str(int(l)).encode()]
+    )
+    digest = hmac.new(run_secret.encode("utf-8"), msg, hashlib.sha256).digest()
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int.from_bytes(digest))))
+    idx = rng.choice(d, size=l, replace=False, shuffle=False)
+    return np.sort(idx.astype(np.int64))
+
+
+def sparsify(g: np.ndarray, idx: np.ndarray, d: int) -> np.ndarray:
+    """Eq. (6) restricted to the kept coordinates: ``g[idx] * d / l``.
+
+    Parameters
+    ----------
+    g
+        Real array, shape ``(d,)``.
+    idx
+        ``int64``, shape ``(l,)``: the mask from :func:`sparsify_mask`.
+    d
+        Model size; must equal ``g.size``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64``, shape ``(l,)``: the values that go on air (before quantization).
+    """
+    v = np.asarray(g, dtype=np.float64)
+    if v.ndim != 1 or v.size != d:
+        raise ValueError(f"sparsify: g must have shape ({d},), got {v.shape}")
+    idx = np.asarray(idx)
+    if idx.ndim != 1 or idx.size == 0 or idx.size > d:
+        raise ValueError(f"sparsify: idx must be 1-d with 1..{d} entries, got shape {idx.shape}")
+    if idx.min() < 0 or idx.max() >= d:
+        raise ValueError(f"sparsify: idx entries must lie in [0, {d})")
+    return v[idx] * (d / idx.size)
+
+
+def quantize(
+    values: np.ndarray,
+    levels: int,
+    rng: np.random.Generator,
+    *,
+    scale: float | None = None,
+) -> tuple[np.ndarray, float]:
+    """Stochastic quantization of eq. (7) (QSGD), sign kept, magnitude rounded.
+
+    ``r_j = levels * |v_j| / s``; ``xi_j = floor(r_j) + Bernoulli(r_j - floor(r_j))``; the
+    output is ``sign(v_j) * s / levels * xi_j``, so ``E[out] = v``.
+
+    Parameters
+    ----------
+    values
+        Real array, shape ``(l,)``.
+    levels
+        ``Q >= 1``, the number of quantization levels.
+    rng
+        Generator for the rounding (not privacy noise; reproducible from the experiment seed).
+    scale
+        ``None`` (default): ``s = ||values||_2`` (QSGD, eq. 7), returned as side information.
+        A positive number: a fixed public scale; every ``|v_j|`` must be ``<= scale``.
+
+    Returns
+    -------
+    tuple
+        ``(quantized, s)``: ``float64`` array of shape ``(l,)`` whose entries lie on the
+        grid ``(s / levels) * Z``, and the scale ``s`` (``0.0`` for an all-zero input with
+        ``scale=None``).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1:
+        raise ValueError(f"quantize: values must be 1-d, got shape {v.shape}")
+    if isinstance(levels, bool) or not isinstance(levels, int | np.integer) or levels < 1:
+        raise ValueError(f"quantize: levels={levels!r} must be an integer >= 1")
+    if not np.all(np.isfinite(v)):
+        raise ValueError("quantize: values contain NaN or infinite entries")
+    if scale is None:
+        s = float(np.linalg.norm(v))
+    else:
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"quantize: scale={scale!r} must be finite and > 0")
+        s = float(scale)
+        if v.size and float(np.max(np.abs(v))) > s:
+            raise ValueError(f"quantize: max |value| {np.max(np.abs(v))} exceeds scale={s}")
+    if s == 0.0:
+        return np.zeros_like(v), 0.0
+    xi = quantize_levels(v, levels, rng, s)
+    return xi.astype(np.float64) * (s / levels), s
+
+
+def quantize_levels(
+    values: np.ndarray, levels: int, rng: np.random.Generator, scale: float
+) -> np.ndarray:
+    """Signed integer levels ``sign(v_j) * xi_j`` of :func:`quantize` (``int64``, ``(l,)``).
+
+    ``scale`` must be ``> 0`` and at least ``max |v_j|`` (no check here; see
+    :func:`quantize`).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    r = np.abs(v) * (levels / scale)
+    r = np.minimum(r, float(levels))  # float rounding may put |v| = s a hair above Q
+    low = np.floor(r)
+    up = rng.random(v.shape) < (r - low)
+    xi = low.astype(np.int64) + up.astype(np.int64)
+    return np.where(v < 0, -xi, xi)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What one device sends for one round.
+
+    Attributes
+    ----------
+    values
+        ``float64``, shape ``(l,)``: the compressed values, in mask order (on air).
+    norm
+        Quantizer scale ``s`` (side information) or ``None`` without quantization.
+    d
+        Model size.
+    """
+
+    values: np.ndarray
+    norm: float | None
+    d: int
+
+
+@dataclass(frozen=True)
+class Compressor:
+    """``C_{q,s}`` with either stage optional.
+
+    Parameters
+    ----------
+    d
+        Model size (``>= 1``).
+    l
+        Coordinates kept (``1 <= l <= d``); ``l = d`` turns sparsification off.
+    levels
+        Quantization levels ``Q >= 1``, or ``None`` to turn quantization off.
+    """
+
+    d: int
+    l: int
+    levels: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_d_l(self.d, self.l, "Compressor")
+        if self.levels is not None and (
+            isinstance(self.levels, bool) or not isinstance(self.levels, int) or self.levels < 1
+        ):
+            raise ValueError(f"Compressor: levels={self.levels!r} must be None or an int >= 1")
+
+    @property
+    def sparsifies(self) -> bool:
+        """Whether sparsification is on (``l < d``)."""
+        return self.l < self.d
+
+    def mask(self, run_secret: str, device: int, round_index: int) -> np.ndarray:
+        """The round's mask (all coordinates when sparsification is off)."""
+        return sparsify_mask(run_secret, device, round_index, self.d, self.l)
+
+    def encode(
+        self,
+        g: np.ndarray,
+        *,
+        run_secret: str,
+        device: int,
+        round_index: int,
+        rng: np.random.Generator,
+        scale: float | None = None,
+    ) -> Encoded:
+        """Compress ``g`` (shape ``(d,)``) into the ``l`` values that go on air.
+
+        ``rng`` drives the quantizer's rounding; ``scale`` is passed to :func:`quantize`.
+        """
+        idx = self.mask(run_secret, device, round_index)
+        v = sparsify(g, idx, self.d)
+        if self.levels is None:
+            return Encoded(values=v, norm=None, d=self.d)
+        q, s = quantize(v, self.levels, rng, scale=scale)
+        return Encoded(values=q, norm=s, d=self.d)
+
+    def decode(
+        self, values: np.ndarray, *, run_secret: str, device: int, round_index: int
+    ) -> np.ndarray:
+        """Place received values (shape ``(l,)``) at the mask positions of a ``(d,)`` vector.
+
+        The ``d / l`` scaling was applied at the sender, so this is the unbiased estimate of
+        ``g`` when ``values`` are unbiased for the sent ones.
+        """
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != (self.l,):
+            raise ValueError(f"decode: values must have shape ({self.l},), got {v.shape}")
+        out = np.zeros(self.d, dtype=np.float64)
+        out[self.mask(run_secret, device, round_index)] = v
+        return out
+
+
+def theta_qs(*, d: int, l: int, levels: int | None) -> float:
+    """Lemma 3's variance factor ``1/theta_s + theta_q / sqrt(theta_s)``.
+
+    With ``theta_s = l/d`` and ``theta_q = sqrt(d)/Q``: ``d/l + d / (Q sqrt(l))``; without
+    quantization the second term is 0.
+    """
+    _check_d_l(d, l, "theta_qs")
+    extra = 0.0 if levels is None else d / (levels * math.sqrt(l))
+    return d / l + extra
+
+
+def _check_d_l(d: int, l: int, where: str) -> None:
+    for name, value in (("d", d), ("l", l)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{where}: {name}={value!r} must be an integer >= 1")
+    if l > d:
+        raise ValueError(f"{where}: l={l} must be <= d={d}")

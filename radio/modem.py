@@ -1,0 +1,201 @@
+"""Transmitter and receiver of one analog upload (numpy).
+
+:func:`modulate` turns payload symbols into complex baseband samples at
+``params.sample_rate_hz``; :func:`demodulate` finds the frame in a received buffer,
+removes the frequency, timing and sample-rate offsets, estimates the channel from the
+pilots and returns the synchronised (not equalised) payload with the channel state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from radio.estimation import estimate_from_pilots, interpolate_gain, smooth_gains
+from radio.framing import FrameLayout, WaveformParams, build_frame, frame_layout
+from radio.link import ChannelState
+from radio.pulse import matched_filter, rrc_taps, sample_at, shape
+from radio.sync import (
+    CORRELATION_THRESHOLD,
+    Coarse,
+    SyncError,
+    coarse_sync,
+    correct_cfo,
+    fine_timing,
+)
+from radio.units import linear_to_db
+
+#: Largest sample-rate offset the receiver accepts as plausible (parts per million).
+MAX_SRO_PPM = 500.0
+
+
+@lru_cache(maxsize=8)
+def _taps(sps: int, rolloff: float, span: int) -> np.ndarray:
+    return rrc_taps(sps, rolloff, span)
+
+
+def pulse_taps(params: WaveformParams) -> np.ndarray:
+    """The RRC taps of ``params`` (cached), shape ``(span * sps + 1,)``."""
+    return _taps(params.samples_per_symbol, params.rolloff, params.span_symbols)
+
+
+def modulate(params: WaveformParams, payload: np.ndarray) -> tuple[np.ndarray, FrameLayout]:
+    """Baseband samples of one frame carrying ``payload``.
+
+    Parameters
+    ----------
+    payload
+        ``complex128``, shape ``(n_payload,)``, symbol-power units.
+
+    Returns
+    -------
+    tuple
+        Samples ``complex128`` shape ``((n_symbols - 1) * sps + n_taps,)`` and the layout.
+        A unit-power symbol stream gives ``mean |s|^2 = 1 / sps`` per sample.
+    """
+    frame, layout = build_frame(params, payload)
+    return shape(frame, pulse_taps(params), params.samples_per_symbol), layout
+
+
+def frame_samples(params: WaveformParams, n_payload: int) -> int:
+    """Number of samples :func:`modulate` produces for ``n_payload`` symbols."""
+    n_sym = frame_layout(params, n_payload).n_symbols
+    return (n_sym - 1) * params.samples_per_symbol + pulse_taps(params).size
+
+
+@dataclass(frozen=True)
+class Demodulated:
+    """The receiver's output for one frame.
+
+    Attributes
+    ----------
+    payload
+        Synchronised, not equalised payload ``y = h x + n``, ``complex128``, ``(n_payload,)``.
+    state
+        Estimated channel state (gain per payload symbol, ``N0`` with bounds).
+    info
+        ``snr_est_db``, ``snr_ci_lo_db``, ``snr_ci_hi_db``, ``cfo_est_hz``,
+        ``timing_samples`` (frame start in the buffer), ``sro_ppm``, ``detect_metric``.
+    """
+
+    payload: np.ndarray
+    state: ChannelState
+    info: dict[str, float] = field(default_factory=dict)
+
+
+def demodulate(
+    params: WaveformParams, samples: np.ndarray, n_payload: int, confidence: float = 0.95
+) -> Demodulated:
+    """Receive one frame of ``n_payload`` payload symbols from ``samples``.
+
+    Parameters
+    ----------
+    samples
+        Received complex baseband at ``params.sample_rate_hz``, shape ``(n,)``; the frame
+        may start anywhere, preceded and followed by noise.
+    n_payload
+        Payload length the control plane announced.
+    confidence
+        Confidence level of the ``N0`` interval and of the gain upper bound.
+
+    Raises
+    ------
+    SyncError
+        No frame found, or the frame does not fit the buffer.
+    """
+    sps = params.samples_per_symbol
+    layout = frame_layout(params, n_payload)
+    taps = pulse_taps(params)
+    delay = (taps.size - 1) // 2
+    r = np.asarray(samples, dtype=np.complex128)
+    coarse, r, mf, t_pre = _lock(r, params, taps)
+    span = layout.postamble_start - layout.preamble_start
+    post_guess = t_pre + span * sps
+    slack = int(np.ceil(span * sps * MAX_SRO_PPM * 1e-6)) + 2 * sps
+    t_post, _ = fine_timing(mf, params.postamble, sps, post_guess, half_window=slack)
+    scale = (t_post - t_pre) / (span * sps)
+    # scale < 1: the receiver's clock runs fast (sees the frame shorter).
+    sro_ppm = (1.0 / scale - 1.0) * 1e6
+    if abs(sro_ppm) > MAX_SRO_PPM:
+        raise SyncError(f"implausible sample-rate offset {sro_ppm:.1f} ppm")
+    wanted = np.concatenate([layout.pilot_idx.ravel(), layout.payload_idx])
+    positions = t_pre + (wanted - layout.preamble_start) * sps * scale
+    if positions.min() < 0 or positions.max() > mf.size - 1:
+        raise SyncError("frame runs past the end of the buffer")
+    values = sample_at(mf, positions)
+    n_pilots = layout.pilot_idx.size
+    pilots_rx = values[:n_pilots].reshape(layout.pilot_idx.shape)
+    payload = values[n_pilots:]
+    est = estimate_from_pilots(pilots_rx, params.pilot_block(), confidence)
+    smoothed = smooth_gains(est.block_gain, params.pilot_smoothing)
+    gain = interpolate_gain(layout.pilot_centers(), smoothed, layout.payload_idx.astype(float))
+    state = ChannelState(
+        gain=gain,
+        noise_var=est.noise_var,
+        noise_var_lower=est.noise_var_lower,
+        noise_var_upper=est.noise_var_upper,
+        estimated=True,
+        confidence=confidence,
+        gain_power_upper=est.gain_power_upper,
+    )
+    mean_gain_power = float(np.mean(np.abs(est.block_gain) ** 2))
+    cfo_hz = coarse.cfo_hz + _residual_cfo_hz(est.block_gain, params, scale)
+    frame_start = t_pre - 2 * delay - layout.preamble_start * sps
+    info = {
+        "snr_est_db": float(linear_to_db(mean_gain_power / est.noise_var)),
+        "snr_ci_lo_db": float(linear_to_db(mean_gain_power / est.noise_var_upper)),
+        "snr_ci_hi_db": float(linear_to_db(mean_gain_power / est.noise_var_lower)),
+        "cfo_est_hz": cfo_hz,
+        "timing_samples": float(frame_start),
+        "sro_ppm": float(sro_ppm),
+        "detect_metric": coarse.metric,
+        "n0_est": est.noise_var,
+    }
+    return Demodulated(payload=payload, state=state, info=info)
+
+
+def _residual_cfo_hz(block_gain: np.ndarray, params: WaveformParams, scale: float) -> float:
+    """Frequency offset left after the preamble estimate, from the pilot phase advance.
+
+    Uses the equally spaced blocks only (the last block follows a shorter chunk); the
+    unambiguous range is +-1 / (2 block period), far wider than the preamble's error.
+    Under fading the Doppler adds zero-mean noise to this estimate.
+    """
+    if block_gain.size < 3:
+        return 0.0
+    advance = np.sum(block_gain[1:-1] * np.conj(block_gain[:-2]))
+    period_s = (params.pilot_spacing + params.pilots_per_block) / params.symbol_rate_hz
+    return float(np.angle(advance)) / (2 * np.pi * period_s / scale)
+
+
+def _lock(
+    r: np.ndarray, params: WaveformParams, taps: np.ndarray
+) -> tuple[Coarse, np.ndarray, np.ndarray, float]:
+    """Try the preamble candidates, best first; keep the first whose correlation verifies.
+
+    Returns the candidate, the CFO-corrected samples, their matched-filter output and the
+    fractional index in it of the first preamble symbol.
+    """
+    sps = params.samples_per_symbol
+    delay = (taps.size - 1) // 2
+    best_rho = 0.0
+    for cand in coarse_sync(r, params):
+        corrected = correct_cfo(r, cand.cfo_hz, params.sample_rate_hz)
+        mf = matched_filter(corrected, taps)
+        # The repetition window starts within about a pulse length of the first preamble
+        # peak, which sits at cand.start + delay in r and one more delay later in mf.
+        try:
+            t_pre, rho = fine_timing(
+                mf, params.preamble, sps, cand.start + 2 * delay,
+                half_window=params.zc_length * sps // 2,
+            )
+        except SyncError:
+            continue
+        if rho >= CORRELATION_THRESHOLD:
+            return cand, corrected, mf, t_pre
+        best_rho = max(best_rho, rho)
+    raise SyncError(
+        f"no frame found: best preamble correlation {best_rho:.3f} < {CORRELATION_THRESHOLD}"
+    )

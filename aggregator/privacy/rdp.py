@@ -93,6 +93,7 @@ def epsilon_from_rdp(
     conversion: str = "standard",
     order_min: float = ORDER_MIN,
     order_max: float = ORDER_MAX,
+    vectorized: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[float, float]:
     """Smallest ``epsilon`` over Renyi orders, and the order attaining it.
 
@@ -106,6 +107,9 @@ def epsilon_from_rdp(
         ``"standard"`` or ``"balle2020"`` (module docstring).
     order_min, order_max
         Search range, ``1 < order_min < order_max``.
+    vectorized
+        Optional: epsilon (after conversion) over an array of orders, used for the grid
+        stage only (speed); must agree with ``rdp`` and ``conversion``.
 
     Returns
     -------
@@ -131,7 +135,10 @@ def epsilon_from_rdp(
         return convert(rdp=float(rdp(a)), order=a, delta=delta, conversion=conversion)
 
     grid = np.linspace(lo, hi, _GRID)
-    values = np.array([objective(float(x)) for x in grid])
+    if vectorized is not None:
+        values = np.asarray(vectorized(1.0 + np.exp(grid)), dtype=np.float64)
+    else:
+        values = np.array([objective(float(x)) for x in grid])
     if not np.any(np.isfinite(values)):
         return math.inf, math.nan
     i = int(np.argmin(values))
@@ -170,8 +177,19 @@ def gaussian_epsilon(
         _check_delta(delta)
         return math.inf, math.nan
     return epsilon_from_rdp(
-        rdp=lambda a: a * coefficient, delta=delta, conversion=conversion
+        rdp=lambda a: a * coefficient,
+        delta=delta,
+        conversion=conversion,
+        vectorized=lambda a: _convert_array(a * coefficient, a, delta, conversion),
     )
+
+
+def _convert_array(rdp: np.ndarray, order: np.ndarray, delta: float, conversion: str) -> np.ndarray:
+    """:func:`convert` over arrays of orders (same formulas)."""
+    if conversion == "standard":
+        return rdp + math.log(1.0 / delta) / (order - 1.0)
+    eps = rdp + np.log1p(-1.0 / order) - (math.log(delta) + np.log(order)) / (order - 1.0)
+    return np.maximum(eps, 0.0)
 
 
 def gaussian_epsilon_closed_form(*, coefficient: float, delta: float) -> tuple[float, float]:

@@ -140,7 +140,11 @@ def demodulate(
         confidence=confidence,
         gain_power_upper=est.gain_power_upper,
     )
-    mean_gain_power = float(np.mean(np.abs(est.block_gain) ** 2))
+    # E|h_b|^2 = |h|^2 + N0 / Np: remove the estimation noise from the power estimate.
+    mean_gain_power = max(
+        float(np.mean(np.abs(est.block_gain) ** 2)) - est.noise_var / params.pilots_per_block,
+        1e-12,
+    )
     cfo_hz = coarse.cfo_hz + _residual_cfo_hz(est.block_gain, params, scale)
     frame_start = t_pre - 2 * delay - layout.preamble_start * sps
     info = {

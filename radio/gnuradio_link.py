@@ -1,0 +1,172 @@
+"""The ``gnuradio`` link: frames through GNU Radio's channel models in a flowgraph process.
+
+The flowgraph ``flowgraphs/channel_emulator.py`` (``channels.fading_model`` then
+``channels.channel_model``) runs under ``/usr/bin/python3``; samples travel over ZeroMQ
+PUSH/PULL (:mod:`radio.zmq_stream`) and parameters over XML-RPC. Per upload the link sets
+the device's noise voltage (``sqrt(N0)`` per sample, see :mod:`radio.waveform_channel`) and
+frequency offset, prepends a random delay, streams the frame, and demodulates what comes
+back. The channel noise comes from GNU Radio's generator (``noise_seed``), so a run is
+reproducible only as a whole sequence of uploads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radio.fading import doppler_hz
+from radio.flowgraph_process import (
+    FLOWGRAPH_DIR,
+    SYSTEM_PYTHON,
+    FlowgraphError,
+    FlowgraphProcess,
+    free_tcp_port,
+)
+from radio.frame_link import Carried, FrameLink
+from radio.framing import WaveformParams
+from radio.link import LinkError
+from radio.symbol_link import ChannelParams
+from radio.units import db_to_linear
+from radio.waveform_channel import EmulatorParams
+from radio.zmq_stream import SampleStream, StreamError
+
+
+#: Zero samples streamed (and discarded) after a noise or frequency change: GNU Radio's
+#: noise and carrier sources run ahead of the signal by up to a buffer (measured: a
+#: change shows after at most ~16k samples; 64k leaves a wide margin).
+SETTLE_SAMPLES = 65536
+
+
+class GnuradioLink(FrameLink):
+    """Pulse-shaped frames through a GNU Radio channel-emulator process.
+
+    Parameters
+    ----------
+    channel
+        Per-device SNR and fading kind (shared with the other links).
+    waveform
+        Frame numerology; sets the sample rate.
+    emulator
+        ``cfo_hz``, ``cfo_spread_hz``, ``delay_max_samples``, ``tail_samples``,
+        ``speed_kmh`` and ``carrier_hz`` (Doppler) are used; ``sro_ppm`` must be 0 (sample
+        accounting is exact only at equal clocks).
+    noise_seed, fading_seed
+        Seeds of GNU Radio's noise and fading generators.
+    python
+        Interpreter that runs the flowgraph.
+    startup_timeout_s
+        Start-up limit of the flowgraph process.
+    **kwargs
+        Passed to :class:`~radio.frame_link.FrameLink`.
+    """
+
+    name = "gnuradio"
+
+    def __init__(
+        self,
+        channel: ChannelParams,
+        waveform: WaveformParams,
+        emulator: EmulatorParams | None = None,
+        *,
+        noise_seed: int = 0,
+        fading_seed: int = 0,
+        python: str = SYSTEM_PYTHON,
+        startup_timeout_s: float = 60.0,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(waveform, **kwargs)  # type: ignore[arg-type]
+        self.channel = channel
+        self.emulator = emulator or EmulatorParams()
+        if self.emulator.sro_ppm != 0.0:
+            raise ValueError(
+                f"emulator.sro_ppm: got {self.emulator.sro_ppm}; the gnuradio link needs 0 "
+                "(use the waveform link to emulate sample-rate offsets)"
+            )
+        fading = "none" if channel.noiseless else channel.fading
+        fs = waveform.sample_rate_hz
+        fdts = 0.0
+        if fading != "none":
+            if self.emulator.speed_kmh <= 0:
+                raise ValueError(
+                    f"fading '{fading}' over the gnuradio link needs waveform.speed_kmh > 0 "
+                    "(GNU Radio's fading_model is a Doppler process), got "
+                    f"{self.emulator.speed_kmh}"
+                )
+            fdts = doppler_hz(self.emulator.speed_kmh, self.emulator.carrier_hz) / fs
+        self.stream = SampleStream()
+        out_address = f"tcp://127.0.0.1:{free_tcp_port()}"
+        args = [
+            "--in-address", self.stream.in_address,
+            "--out-address", out_address,
+            "--samp-rate", repr(fs),
+            "--noise-seed", str(int(noise_seed)),
+            "--fading-on", "0" if fading == "none" else "1",
+            "--fdts", repr(fdts),
+            "--los", "1" if fading == "rician" else "0",
+            "--k-factor", repr(float(db_to_linear(channel.rician_k_db))),
+            "--fading-seed", str(int(fading_seed)),
+        ]
+        try:
+            self.process: FlowgraphProcess | None = FlowgraphProcess(
+                FLOWGRAPH_DIR / "channel_emulator.py", args, python=python,
+                startup_timeout_s=startup_timeout_s,
+            )
+        except FlowgraphError:
+            self.stream.close()
+            raise
+        self.stream.connect(out_address)
+        self._noise_voltage = 0.0
+        self._cfo_norm = 0.0
+
+    def _set(self, method: str, value: float) -> None:
+        assert self.process is not None
+        self.process.call(method, float(value))
+
+    def _carry(
+        self, samples: np.ndarray, *, device: int, round_index: int, rng: np.random.Generator
+    ) -> Carried:
+        if self.process is None:
+            raise LinkError("gnuradio link is closed")
+        if not 0 <= device < len(self.channel.snr_db):
+            raise ValueError(f"device {device} outside [0, {len(self.channel.snr_db)})")
+        fs = self.waveform.sample_rate_hz
+        n0 = self.channel.noise_var(device)
+        cfo = self.emulator.cfo_hz + float(
+            rng.uniform(-self.emulator.cfo_spread_hz, self.emulator.cfo_spread_hz)
+        )
+        delay = int(rng.integers(0, int(self.emulator.delay_max_samples) + 1))
+        preroll = 0
+        try:
+            if np.sqrt(n0) != self._noise_voltage:
+                preroll = SETTLE_SAMPLES
+                self._set("set_noise_voltage", np.sqrt(n0))
+                self._noise_voltage = float(np.sqrt(n0))
+            if cfo / fs != self._cfo_norm:
+                preroll = SETTLE_SAMPLES
+                self._set("set_frequency_offset", cfo / fs)
+                self._cfo_norm = cfo / fs
+            buffer = np.concatenate(
+                [np.zeros(delay), samples, np.zeros(self.emulator.tail_samples)]
+            )
+            timeout = 10.0 + buffer.size / 2e5
+            rx = self.stream.exchange(
+                buffer, timeout_s=timeout, preroll=preroll, alive=self.process.check_alive
+            )
+        except (FlowgraphError, StreamError) as exc:
+            raise LinkError(f"gnuradio link, device {device}, round {round_index}: {exc}") from exc
+        info = {"noise_var_true": n0, "cfo_true_hz": cfo, "delay_true_samples": float(delay)}
+        return Carried(rx.astype(np.complex128), buffer.size, rx.size, info)
+
+    def samples_in_flowgraph(self) -> tuple[int, int]:
+        """(samples the flowgraph's source produced, samples its channel block output)."""
+        if self.process is None:
+            raise LinkError("gnuradio link is closed")
+        return (
+            int(self.process.call("get_samples_in")),  # type: ignore[arg-type]
+            int(self.process.call("get_samples_out")),  # type: ignore[arg-type]
+        )
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+            self.stream.close()

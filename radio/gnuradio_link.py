@@ -29,7 +29,6 @@ from radio.units import db_to_linear
 from radio.waveform_channel import EmulatorParams
 from radio.zmq_stream import SampleStream, StreamError
 
-
 #: Zero samples streamed (and discarded) after a noise or frequency change: GNU Radio's
 #: noise and carrier sources run ahead of the signal by up to a buffer (measured: a
 #: change shows after at most ~16k samples; 64k leaves a wide margin).

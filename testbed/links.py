@@ -4,21 +4,58 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from radio.framing import WaveformParams
 from radio.link import Link
 from radio.symbol_link import ChannelParams, SymbolLink
+from radio.waveform_channel import EmulatorParams
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 
 
 def channel_params(exp: ExperimentConfig, hw: HardwareConfig) -> ChannelParams:
-    """The simulated-channel description of an experiment on a hardware config."""
+    """The simulated-channel description of an experiment on a hardware config.
+
+    The hardware config's ``fading`` (a medium that imposes fading, e.g. the darkroom's
+    emulator) takes precedence over the experiment's.
+    """
     return ChannelParams(
         snr_db=tuple(exp.snr_db_per_device()),
-        fading=exp.fading,
+        fading=hw.fading or exp.fading,
         rician_k_db=exp.rician_k_db,
         coherence_symbols=hw.coherence_symbols,
         symbol_rate_hz=hw.symbol_rate_hz,
         noiseless=exp.noiseless,
+    )
+
+
+def waveform_params(hw: HardwareConfig) -> WaveformParams:
+    """Frame numerology of a hardware config."""
+    w = hw.waveform
+    return WaveformParams(
+        symbol_rate_hz=hw.symbol_rate_hz,
+        samples_per_symbol=w.samples_per_symbol,
+        rolloff=w.rolloff,
+        span_symbols=w.span_symbols,
+        zc_length=w.zc_length,
+        preamble_repeats=w.preamble_repeats,
+        pilot_spacing=w.pilot_spacing,
+        pilots_per_block=w.pilots_per_block,
+        pilot_smoothing=w.pilot_smoothing,
+        guard_symbols=w.guard_symbols,
+    )
+
+
+def emulator_params(hw: HardwareConfig) -> EmulatorParams:
+    """Impairments the emulated links apply (fading kind comes from the channel params)."""
+    w = hw.waveform
+    return EmulatorParams(
+        speed_kmh=w.speed_kmh,
+        carrier_hz=hw.center_freq_hz,
+        cfo_hz=w.cfo_hz,
+        cfo_spread_hz=w.cfo_spread_hz,
+        delay_max_samples=w.delay_max_samples,
+        sro_ppm=w.sro_ppm,
+        tail_samples=w.tail_samples,
     )
 
 
@@ -36,9 +73,56 @@ def make_link(
     ----------
     record_dir
         When given (``record: true``), links that handle I/Q store each received upload
-        there as SigMF.
+        there as SigMF and log per-frame estimates to ``frames.jsonl``.
     """
     name = link_name(exp, hw)
     if name == "symbol":
         return SymbolLink(channel_params(exp, hw))
-    raise NotImplementedError(f"link '{name}' is not available yet")
+    common = {
+        "confidence": exp.privacy.n0_confidence,
+        "record_dir": record_dir,
+        "center_freq_hz": hw.center_freq_hz,
+        "hw_name": hw.name,
+    }
+    if name == "waveform":
+        from radio.waveform_link import WaveformLink
+
+        return WaveformLink(
+            channel_params(exp, hw), waveform_params(hw), emulator_params(hw), **common
+        )
+    if name == "gnuradio":
+        from radio.gnuradio_link import GnuradioLink
+
+        g = hw.gnuradio
+        return GnuradioLink(
+            channel_params(exp, hw),
+            waveform_params(hw),
+            emulator_params(hw),
+            noise_seed=g.noise_seed,
+            fading_seed=g.fading_seed,
+            python=g.python,
+            startup_timeout_s=g.startup_timeout_s,
+            **common,
+        )
+    if name == "usrp":
+        from radio.usrp_link import UsrpLink, UsrpSettings
+
+        u = hw.usrp
+        settings = UsrpSettings(
+            tx_args=u.tx_args,
+            rx_args=u.rx_args,
+            center_freq_hz=hw.center_freq_hz,
+            sample_rate_hz=hw.sample_rate_hz,
+            tx_gain_db=u.tx_gain_db,
+            rx_gain_db=u.rx_gain_db,
+            tx_antenna=u.tx_antenna,
+            rx_antenna=u.rx_antenna,
+            tx_amplitude=u.tx_amplitude,
+            clock_source=u.clock_source,
+            time_source=u.time_source,
+            burst_lead_s=u.burst_lead_s,
+            capture_margin_s=u.capture_margin_s,
+            python=hw.gnuradio.python,
+        )
+        return UsrpLink(waveform_params(hw), settings, **common)
+    raise ValueError(f"link: got {name!r}; allowed: 'symbol', 'waveform', 'gnuradio', 'usrp'")

@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""USRP receiver: UHD source -> ZMQ PUSH, streaming continuously from a known start time.
+
+The USRP's time is set to 0 at start-up (or at the next PPS with an external time source)
+and streaming starts at ``--start-time`` seconds, so received sample ``i`` was taken at
+``start_time + i / samp_rate`` (as long as no overflow occurred; the controlling process
+checks the sample count against elapsed time). With ``--build-only`` and no device, the UHD
+source is replaced by a null source so the rest of the graph is still checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gnuradio import blocks, gr, uhd, zeromq  # noqa: E402
+from usrp_common import run_until_stopped, serve_xmlrpc, usrp_arguments  # noqa: E402
+
+
+class rx(gr.top_block):  # noqa: N801 - GRC naming convention
+    """USRP source -> ZMQ push sink."""
+
+    def __init__(self, args: argparse.Namespace, allow_no_device: bool = False) -> None:
+        gr.top_block.__init__(self, "rx", catch_exceptions=True)
+        self.samp_rate = args.samp_rate
+        self.center_freq = args.center_freq
+        self.gain = args.gain
+        self.start_time = args.start_time
+        self.device_found = True
+        try:
+            self.usrp = uhd.usrp_source(
+                args.device_args,
+                uhd.stream_args(cpu_format="fc32", args="", channels=[0]),
+                True,
+            )
+        except RuntimeError as exc:
+            if not allow_no_device:
+                raise
+            print(f"rx: no USRP for '{args.device_args}' ({exc}); using a null source", flush=True)
+            self.device_found = False
+            self.usrp = blocks.null_source(gr.sizeof_gr_complex)
+        if self.device_found:
+            self.usrp.set_clock_source(args.clock_source, 0)
+            if args.time_source != "none":
+                self.usrp.set_time_source(args.time_source, 0)
+            self.usrp.set_samp_rate(args.samp_rate)
+            self.usrp.set_center_freq(args.center_freq, 0)
+            self.usrp.set_gain(args.gain, 0)
+            if args.antenna:
+                self.usrp.set_antenna(args.antenna, 0)
+            if args.time_source in ("external", "gpsdo"):
+                self.usrp.set_time_next_pps(uhd.time_spec(0.0))
+            else:
+                self.usrp.set_time_now(uhd.time_spec(0.0))
+            self.usrp.set_start_time(uhd.time_spec(args.start_time))
+            print(
+                f"rx: rate {self.usrp.get_samp_rate():.1f} S/s, freq "
+                f"{self.usrp.get_center_freq(0):.1f} Hz, gain {self.usrp.get_gain(0):.1f} dB",
+                flush=True,
+            )
+        self.sink = zeromq.push_sink(gr.sizeof_gr_complex, 1, args.out_address, 100, False, -1)
+        self.connect((self.usrp, 0), (self.sink, 0))
+
+    def get_gain(self) -> float:
+        return self.gain
+
+    def set_gain(self, gain: float) -> None:
+        self.gain = float(gain)
+        if self.device_found:
+            self.usrp.set_gain(self.gain, 0)
+
+    def get_samp_rate(self) -> float:
+        return float(self.usrp.get_samp_rate()) if self.device_found else self.samp_rate
+
+    def get_start_time(self) -> float:
+        return self.start_time
+
+    def get_time_now(self) -> float:
+        """USRP time (s)."""
+        return float(self.usrp.get_time_now().get_real_secs()) if self.device_found else 0.0
+
+    def get_samples_out(self) -> float:
+        return float(self.sink.nitems_read(0))
+
+    def ping(self) -> str:
+        return "rx"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = usrp_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    p.add_argument("--out-address", default="tcp://127.0.0.1:5561", help="ZMQ PUSH bind address")
+    p.add_argument("--start-time", type=float, default=1.0, help="USRP time to start at (s)")
+    args = p.parse_args(argv)
+    tb = rx(args, allow_no_device=args.build_only)
+    if args.build_only:
+        print(f"rx: built (device {'found' if tb.device_found else 'not found'})", flush=True)
+        return 0
+    server = serve_xmlrpc(tb, args.xmlrpc_port)
+    run_until_stopped(tb, args.parent_pid, "rx")
+    if server is not None:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

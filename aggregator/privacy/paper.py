@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from aggregator.privacy.events import UploadEvent
+from aggregator.privacy.rdp import referred_noise_var
 
 
 def kappa(*, d: int, l: int, q: int | None) -> float:
@@ -42,21 +43,26 @@ def kappa(*, d: int, l: int, q: int | None) -> float:
 
 
 def paper_coefficient(event: UploadEvent) -> float:
-    """Per-upload RDP coefficient ``c`` (RDP ``= a * c`` at order ``a``) of the paper."""
+    """Per-upload RDP coefficient ``c`` (RDP ``= a * c`` at order ``a``) of the paper.
+
+    Evaluated as ``2 S^2 / (sigma^2 + n0_credited / (h alpha)^2)``, the same expression
+    divided through by ``(h alpha)^2``, so that with no credited channel noise the result does
+    not depend on ``h alpha`` (local DP) and ``h alpha -> 0`` with channel noise gives 0.
+    """
     if event.mechanism == "none" or event.clip_mode == "none":
         return math.inf
-    gain_power = (event.gain * event.alpha) ** 2
-    if gain_power == 0:
-        return 0.0  # nothing of the signal reaches the receiver
     if event.clip_mode == "coordinate":
         share = kappa(d=event.d, l=event.l, q=event.q) / event.d
     else:
         share = 1.0
-    numerator = 2.0 * gain_power * share * event.clip**2
+    numerator = 2.0 * share * event.clip**2
     if event.mechanism == "after":
         inv_q = 0.0 if event.q is None else 1.0 / event.q
         numerator *= (event.d / event.l + inv_q) ** 2
-    denominator = gain_power * event.sigma**2 + event.n0_credited
+    channel = referred_noise_var(
+        noise_var=event.n0_credited, amplitude=event.gain * event.alpha
+    )
+    denominator = event.sigma**2 + channel
     if denominator == 0:
         return math.inf
     return numerator / denominator

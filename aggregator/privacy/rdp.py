@@ -51,7 +51,27 @@ def gaussian_rdp_coefficient(*, sensitivity: float, noise_std: float) -> float:
         return math.inf
     if math.isinf(noise_std):
         return 0.0
-    return sensitivity * sensitivity / (2.0 * noise_std * noise_std)
+    ratio = sensitivity / noise_std  # divide first: noise_std**2 may underflow to 0
+    return 0.5 * ratio * ratio
+
+
+def referred_noise_var(*, noise_var: float, amplitude: float) -> float:
+    """Variance of noise ``N(0, noise_var)`` added after a linear gain ``amplitude``, referred
+    back to the input: ``noise_var / amplitude^2``.
+
+    ``noise_var == 0`` gives ``0`` whatever the amplitude (no noise is credited: an adversary
+    that sees the signal noiselessly learns it whatever the gain); ``amplitude == 0`` with
+    ``noise_var > 0`` gives ``inf`` (nothing of the input reaches the output). Overflow gives
+    ``inf``, never an exception.
+    """
+    _check_nonneg("noise_var", noise_var, allow_inf=False)
+    _check_nonneg("amplitude", amplitude, allow_inf=False)
+    if noise_var == 0:
+        return 0.0
+    if amplitude == 0:
+        return math.inf
+    ratio = math.sqrt(noise_var) / amplitude
+    return ratio * ratio
 
 
 def gaussian_rdp(*, order: float, sensitivity: float, noise_std: float) -> float:

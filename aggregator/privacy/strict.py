@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 
 from aggregator.privacy.events import UploadEvent
-from aggregator.privacy.rdp import gaussian_rdp_coefficient
+from aggregator.privacy.rdp import gaussian_rdp_coefficient, referred_noise_var
 
 
 def masked_sensitivity(*, clip: float, d: int, l: int, clip_mode: str) -> float:
@@ -60,10 +60,8 @@ def sparse_norm_bound(*, clip: float, d: int, l: int, clip_mode: str) -> float:
 
 
 def _channel_var(event: UploadEvent, amplitude: float) -> float:
-    """Channel noise variance referred back through the linear gain ``amplitude``."""
-    if amplitude == 0:
-        return math.inf
-    return event.n0_credited / amplitude**2
+    """Credited channel noise per real coordinate referred back through ``amplitude``."""
+    return referred_noise_var(noise_var=event.n0_credited, amplitude=amplitude)
 
 
 def strict_coefficient(event: UploadEvent) -> float:

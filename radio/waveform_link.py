@@ -79,7 +79,8 @@ class WaveformLink(FrameLink):
             "delay_true_samples": truth.delay_samples,
             "gain_power_true_mean": float(np.mean(np.abs(truth.gain) ** 2)),
         }
-        return Carried(rx, samples.size, rx.size, info)
+        # In-process: the emulated channel's output is received whole.
+        return Carried(rx, rx.size, rx.size, info)
 
     def transmit(
         self,

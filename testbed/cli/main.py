@@ -17,6 +17,7 @@ from testbed.config.loader import ConfigError
 COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_run",
     "testbed.cli.cmd_privacy",
+    "testbed.cli.cmd_radio",
 )
 
 

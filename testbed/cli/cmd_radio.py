@@ -1,0 +1,210 @@
+"""``testbed radio probe|check|loopback``: find radios, validate hardware configs, test links.
+
+``probe`` lists the USRPs UHD finds (through ``/usr/bin/python3``); ``check`` validates a
+hardware config and builds its flowgraphs without starting them; ``loopback`` sends a known
+payload over a link and reports the payload NMSE, the SNR estimate and its confidence
+interval, the frequency-offset estimate and the samples lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from radio.flowgraph_process import (
+    FLOWGRAPH_DIR,
+    SYSTEM_PYTHON,
+    FlowgraphError,
+    build_flowgraph,
+    gnuradio_available,
+)
+from radio.link import LinkError
+from radio.uhd_probe import find_usrps
+from radio.units import linear_to_db
+from testbed.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.links import make_link, waveform_params
+
+#: N210 master clock; its sample rates are 100 MS/s divided by an integer.
+N210_MASTER_CLOCK_HZ = 100e6
+
+
+def _emit(result: dict[str, Any], as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print("\n".join(lines))
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """List the USRPs UHD finds; none is not an error."""
+    res = find_usrps(args.device_args, python=args.python)
+    fallback = "gnuradio (GNU Radio channel emulator) or waveform (numpy emulator)"
+    if res.devices:
+        lines = [f"found {len(res.devices)} USRP(s):"]
+        lines += ["  " + ", ".join(f"{k}={v}" for k, v in d.items()) for d in res.devices]
+    elif res.uhd_available:
+        lines = [f"no USRP found by UHD; without hardware use link {fallback}"]
+    else:
+        lines = [f"UHD not usable ({res.message}); without hardware use link {fallback}"]
+    _emit(
+        {"devices": res.devices, "uhd_available": res.uhd_available, "message": res.message,
+         "fallback": ["gnuradio", "waveform"]},
+        args.json, lines,
+    )
+    return 0
+
+
+def _grcc(name: str, outdir: Path) -> str:
+    grc = FLOWGRAPH_DIR / f"{name}.grc"
+    out = subprocess.run(
+        ["grcc", "-o", str(outdir), str(grc)], capture_output=True, text=True, timeout=120,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise FlowgraphError(f"grcc {grc.name} failed: {(out.stdout + out.stderr).strip()[-400:]}")
+    return f"{grc.name} compiles with grcc"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate a hardware config and build (not start) its flowgraphs."""
+    hw = load_hardware(args.hw_config)
+    checks: list[dict[str, Any]] = []
+
+    def record(what: str, ok: bool, detail: str) -> None:
+        checks.append({"check": what, "ok": ok, "detail": detail})
+
+    try:
+        wf = waveform_params(hw)
+        record("waveform", True, f"{wf.sample_rate_hz:.0f} S/s, {wf.samples_per_symbol} sps")
+    except ValueError as exc:
+        record("waveform", False, str(exc))
+        wf = None
+    if hw.link == "usrp" and wf is not None:
+        decim = N210_MASTER_CLOCK_HZ / wf.sample_rate_hz
+        ok = abs(decim - round(decim)) < 1e-9
+        record("sample_rate", ok, f"100 MS/s / {decim:g}" + ("" if ok else " is not an integer"))
+    ok_gr, version = gnuradio_available(hw.gnuradio.python)
+    record("gnuradio", ok_gr, version)
+    if ok_gr and wf is not None:
+        names = ["channel_emulator"] + (["tx", "rx"] if hw.link == "usrp" else [])
+        u = hw.usrp
+        extra = {
+            "channel_emulator": ["--samp-rate", repr(wf.sample_rate_hz)],
+            "tx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", u.tx_args,
+                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(u.tx_gain_db)],
+            "rx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", u.rx_args,
+                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(u.rx_gain_db)],
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in names:
+                try:
+                    out = build_flowgraph(FLOWGRAPH_DIR / f"{name}.py", extra[name],
+                                          python=hw.gnuradio.python)
+                    record(f"build {name}", True, out.splitlines()[-1] if out else "built")
+                except FlowgraphError as exc:
+                    record(f"build {name}", False, str(exc))
+                try:
+                    record(f"grc {name}", True, _grcc(name, Path(tmp)))
+                except (FlowgraphError, OSError, subprocess.TimeoutExpired) as exc:
+                    record(f"grc {name}", False, str(exc))
+    ok_all = all(c["ok"] for c in checks)
+    lines = [f"hardware config '{hw.name}' (link {hw.link}):"]
+    lines += [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}" for c in checks]
+    _emit({"hw_config": hw.name, "link": hw.link, "ok": ok_all, "checks": checks},
+          args.json, lines)
+    return 0 if ok_all else 1
+
+
+def cmd_loopback(args: argparse.Namespace) -> int:
+    """Send a known payload over a link and report what came back."""
+    if args.trials < 1:
+        raise ConfigError(f"--trials: got {args.trials}; allowed: >= 1")
+    if args.n_symbols < 1:
+        raise ConfigError(f"--n-symbols: got {args.n_symbols}; allowed: >= 1")
+    exp = load_experiment(None, [f"link={args.link}", f"snr_db={args.snr_db}", "devices=1"])
+    hw_over = [f"waveform.cfo_hz={args.cfo_hz}", "waveform.cfo_spread_hz=0"]
+    if args.delay_samples is not None:
+        hw_over.append(f"waveform.delay_max_samples={args.delay_samples}")
+    hw = load_hardware(args.hw, hw_over)
+    rng = np.random.default_rng(args.seed)
+    nmse, expected, snr_est, covered, lost = [], [], [], [], 0
+    last: dict[str, Any] = {}
+    n0_true = 10 ** (-args.snr_db / 10)
+    with make_link(exp, hw) as link:
+        for trial in range(args.trials):
+            x = (rng.standard_normal(args.n_symbols) + 1j * rng.standard_normal(args.n_symbols))
+            x /= np.sqrt(2)
+            try:
+                rec = link.transmit(device=0, round_index=trial, symbols=x, rng=rng)
+            except LinkError as exc:
+                print(f"testbed radio loopback: {exc}", file=sys.stderr)
+                return 1
+            st = rec.state
+            nmse.append(float(np.mean(np.abs(rec.symbols / st.gain - x) ** 2)))
+            expected.append(float(np.mean(n0_true / np.abs(st.gain) ** 2)))
+            covered.append(st.noise_var_lower <= n0_true <= st.noise_var_upper)
+            lost += rec.samples_sent - rec.samples_received
+            gp = max(st.mean_gain_power(), 1e-300)
+            snr_est.append(float(linear_to_db(gp / st.noise_var)) if st.noise_var > 0 else np.inf)
+            last = {
+                "snr_ci_db": [float(linear_to_db(gp / st.noise_var_upper)),
+                              float(linear_to_db(gp / max(st.noise_var_lower, 1e-300)))],
+                "cfo_est_hz": float(rec.info.get("cfo_est_hz", 0.0)),
+                "airtime_s": rec.airtime_s,
+            }
+            if "snr_est_db" in rec.info:
+                snr_est[-1] = float(rec.info["snr_est_db"])
+                last["snr_ci_db"] = [float(rec.info["snr_ci_lo_db"]),
+                                     float(rec.info["snr_ci_hi_db"])]
+    result = {
+        "link": args.link, "hw_config": hw.name, "snr_db": args.snr_db, "cfo_hz": args.cfo_hz,
+        "trials": args.trials, "n_symbols": args.n_symbols,
+        "nmse_db": float(linear_to_db(np.mean(nmse))),
+        "nmse_expected_db": float(linear_to_db(np.mean(expected))),
+        "snr_est_db": float(np.mean(snr_est)),
+        "n0_ci_coverage": float(np.mean(covered)),
+        "samples_lost": int(lost),
+        **last,
+    }
+    lines = [f"{k}: {v}" for k, v in result.items()]
+    _emit(result, args.json, lines)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``testbed radio`` and its subcommands."""
+    radio = subparsers.add_parser("radio", help="find radios, check hw configs, test links",
+                                  description=__doc__)
+    sub = radio.add_subparsers(dest="radio_command", metavar="SUBCOMMAND")
+    radio.set_defaults(func=lambda a: (radio.print_help(), 2)[1])
+
+    p = sub.add_parser("probe", help="list USRPs found by UHD")
+    p.add_argument("--device-args", default="", help="UHD device args filter (default: all)")
+    p.add_argument("--python", default=SYSTEM_PYTHON, help="interpreter with UHD")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_probe)
+
+    c = sub.add_parser("check", help="validate a hardware config and build its flowgraphs")
+    c.add_argument("hw_config", metavar="HW_CONFIG", help="name in hw_configs/ or a YAML path")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(func=cmd_check)
+
+    lb = sub.add_parser("loopback", help="send a known payload over a link")
+    lb.add_argument("--link", required=True, choices=("symbol", "waveform", "gnuradio", "usrp"))
+    lb.add_argument("--snr-db", type=float, required=True, help="symbol SNR (dB)")
+    lb.add_argument("--cfo-hz", type=float, default=0.0, help="carrier frequency offset (Hz)")
+    lb.add_argument("--delay-samples", type=float, default=None,
+                    help="maximum random leading delay (samples)")
+    lb.add_argument("--hw", default="sim", help="hardware config (default: sim)")
+    lb.add_argument("--n-symbols", type=int, default=10920, help="payload symbols")
+    lb.add_argument("--trials", type=int, default=1, help="uploads to average over")
+    lb.add_argument("--seed", type=int, default=0, help="payload and channel seed")
+    lb.add_argument("--json", action="store_true", help="print one JSON object")
+    lb.set_defaults(func=cmd_loopback)

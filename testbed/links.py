@@ -64,9 +64,7 @@ def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:
     return exp.link or hw.link
 
 
-def make_link(
-    exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None = None
-) -> Link:
+def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None = None) -> Link:
     """Construct (and for process-backed links, start) the experiment's link.
 
     Parameters

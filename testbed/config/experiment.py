@@ -129,6 +129,9 @@ class ExperimentConfig(_Strict):
     train_samples: int | None = Field(None, ge=1, description="cap on training samples used")
     plan: str | None = Field(None, description="plan YAML from `testbed plan` (ee-dp-fl)")
     record: bool = Field(False, description="store received I/Q as SigMF")
+    torch_threads: int = Field(
+        1, ge=1, le=256, description="intra-op threads for training (1 avoids oversubscription)"
+    )
     clip: ClipConfig = ClipConfig()
     compression: CompressionConfig = CompressionConfig()
     privacy: PrivacyConfig = PrivacyConfig()

@@ -78,9 +78,7 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
                 child = {}
                 node[part] = child
             if not isinstance(child, dict):
-                raise ConfigError(
-                    f"--set '{item}': '{part}' is a value ({child!r}), not a section"
-                )
+                raise ConfigError(f"--set '{item}': '{part}' is a value ({child!r}), not a section")
             node = child
         node[path[-1]] = value
     return out

@@ -1,0 +1,128 @@
+"""The models of the source papers, and flat-vector access to their parameters.
+
+* ``mnist-cnn``: 003's MNIST CNN, the classic 21,840-parameter net: conv 5x5 (1->10),
+  max-pool 2, ReLU; conv 5x5 (10->20), max-pool 2, ReLU; FC 320->50, ReLU; FC 50->10;
+  softmax (inside the cross-entropy loss).
+* ``cifar-cnn``: 003's CIFAR-10 CNN, "three 3x3 conv layers, two FC layers, softmax"; the
+  paper gives no widths, we use 32-64-64 channels (padding 1, max-pool 2 after each) and
+  FC 1024->64->10: 122,570 parameters.
+* ``logreg``: multinomial logistic regression on the flattened image (the peer papers').
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class MnistCnn(nn.Module):
+    """003's MNIST CNN (21,840 parameters on 28x28x1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.fc1 = nn.Linear(320, 50)
+        self.fc2 = nn.Linear(50, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits, shape ``(batch, 10)``, from images ``(batch, 1, 28, 28)``."""
+        x = torch.relu(torch.max_pool2d(self.conv1(x), 2))
+        x = torch.relu(torch.max_pool2d(self.conv2(x), 2))
+        x = torch.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+class CifarCnn(nn.Module):
+    """003's CIFAR-10 CNN with documented widths (122,570 parameters on 32x32x3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.fc1 = nn.Linear(64 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits, shape ``(batch, 10)``, from images ``(batch, 3, 32, 32)``."""
+        x = self.features(x).flatten(1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression on flattened inputs."""
+
+    def __init__(self, in_features: int, n_classes: int = 10) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits, shape ``(batch, n_classes)``."""
+        return self.linear(x.flatten(1))
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], seed: int) -> nn.Module:
+    """Instantiate a model with weights drawn from ``seed``.
+
+    Parameters
+    ----------
+    name
+        ``mnist-cnn``, ``cifar-cnn`` or ``logreg``.
+    input_shape
+        ``(channels, height, width)`` of one sample.
+    seed
+        Seed of the initial weights (the experiment's model-init stream).
+    """
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        if name == "mnist-cnn":
+            if input_shape != (1, 28, 28):
+                raise ValueError(f"model 'mnist-cnn' takes (1, 28, 28) inputs, got {input_shape}")
+            model: nn.Module = MnistCnn()
+        elif name == "cifar-cnn":
+            if input_shape != (3, 32, 32):
+                raise ValueError(f"model 'cifar-cnn' takes (3, 32, 32) inputs, got {input_shape}")
+            model = CifarCnn()
+        elif name == "logreg":
+            model = LogReg(int(np.prod(input_shape)))
+        else:
+            raise ValueError(f"model: got {name!r}; allowed: 'mnist-cnn', 'cifar-cnn', 'logreg'")
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return model
+
+
+def n_params(model: nn.Module) -> int:
+    """Number of trainable parameters d."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    """All parameters as one ``float32`` vector, shape ``(d,)`` (a copy)."""
+    return nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy().copy()
+
+
+def set_flat(model: nn.Module, flat: np.ndarray) -> None:
+    """Load a ``(d,)`` vector into the model's parameters (in place)."""
+    vec = torch.as_tensor(np.asarray(flat, dtype=np.float32))
+    if vec.ndim != 1 or vec.numel() != n_params(model):
+        raise ValueError(f"flat vector has shape {tuple(vec.shape)}, model has {n_params(model)}")
+    # Copy (never alias): vector_to_parameters would make the parameters views of ``flat``,
+    # and training would then silently modify the caller's array.
+    with torch.no_grad():
+        start = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(vec[start : start + n].view_as(p))
+            start += n

@@ -1,0 +1,323 @@
+"""Run a federated-learning experiment over a link, round by round, into a run directory.
+
+One round (003 Algorithm 1): every device trains H local SGD steps from the global model,
+encodes its differential (clip, noise, compress, scale) into analog symbols and sends them
+over the link; the aggregator inverts the channel, decodes, averages and updates the
+global model, then evaluates it on the test set.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aggregator.aggregate import average, global_update
+from aggregator.decoder import decode_differential
+from aggregator.evaluate import evaluate
+from edge_device.trainer import LocalTrainer
+from edge_device.uplink import UplinkEncoder, UplinkSettings
+from radio.link import Link, Reception
+from radio.units import linear_to_db
+from testbed import __version__
+from testbed.config.experiment import ExperimentConfig
+from testbed.config.hardware import HardwareConfig
+from testbed.config.loader import dump_yaml, load_experiment, load_hardware
+from testbed.data.datasets import Dataset, load_dataset
+from testbed.data.partition import iid_partition, noniid_partition
+from testbed.interrupts import deferred_interrupts
+from testbed.links import link_name, make_link
+from testbed.models import build_model, get_flat, n_params
+from testbed.rundir import RunDir
+from testbed.seeding import Stream, experiment_generator, new_run_secret
+
+#: Called after every round with the round's metrics line.
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class StageTimer:
+    """Wall time per stage of a round (seconds)."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.totals[stage] = self.totals.get(stage, 0.0) + seconds
+
+    def timed(self, stage: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        self.add(stage, time.perf_counter() - t0)
+        return out
+
+
+def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
+    """Load the data set (capped as configured) and split it across devices."""
+    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
+    split_rng = experiment_generator(cfg.seed, Stream.DATA_SPLIT)
+    x_train, y_train = data.x_train, data.y_train
+    if cfg.train_samples is not None and cfg.train_samples < len(y_train):
+        keep = np.sort(split_rng.choice(len(y_train), cfg.train_samples, replace=False))
+        x_train, y_train = x_train[keep], y_train[keep]
+    x_test, y_test = data.x_test, data.y_test
+    if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
+        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
+    data = Dataset(data.name, x_train, y_train, x_test, y_test, data.n_classes)
+    if len(y_train) < cfg.devices:
+        raise ValueError(f"devices: {cfg.devices} devices but only {len(y_train)} samples")
+    if cfg.partition == "iid":
+        parts = iid_partition(len(y_train), cfg.devices, split_rng)
+    else:
+        parts = noniid_partition(
+            y_train,
+            cfg.devices,
+            split_rng,
+            dominant_fraction=cfg.dominant_fraction,
+            n_classes=data.n_classes,
+        )
+    return data, parts
+
+
+def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, float]:
+    """Per-upload channel numbers for the metrics line."""
+    state = reception.state
+    gain_power = state.mean_gain_power()
+    signal_power = float(np.mean(np.abs(symbols) ** 2)) if symbols.size else 0.0
+    snr = (
+        float(linear_to_db(gain_power * signal_power / state.noise_var))
+        if state.noise_var > 0 and signal_power > 0
+        else float("inf")
+    )
+    h0 = complex(state.gain[0]) if state.gain.size else 0j
+    return {
+        "snr_db": snr,
+        "h_abs": abs(h0),
+        "h_phase_rad": float(np.angle(h0)),
+        "gain_power_mean": gain_power,
+        "noise_var": state.noise_var,
+        "airtime_s": reception.airtime_s,
+    }
+
+
+class Experiment:
+    """State of one run: data, model, devices, link, run directory."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        hw: HardwareConfig,
+        rundir: RunDir,
+        *,
+        progress: bool = False,
+        on_round: RoundCallback | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.hw = hw
+        self.rundir = rundir
+        self.progress = progress
+        self.on_round = on_round
+        torch.set_num_threads(cfg.torch_threads)
+        self.data, self.parts = prepare_data(cfg)
+        input_shape = tuple(int(s) for s in self.data.x_train.shape[1:])
+        init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
+        self.model = build_model(cfg.model, input_shape, init_seed)  # type: ignore[arg-type]
+        self.d = n_params(self.model)
+        self.trainers = [
+            LocalTrainer(self.model, self.data.x_train[p], self.data.y_train[p]) for p in self.parts
+        ]
+        self.encoder = UplinkEncoder(
+            UplinkSettings(
+                clip_mode=cfg.clip.mode, clip_bound=cfg.clip.bound, alpha=cfg.power.alpha
+            ),
+            self.d,
+        )
+        self.w = get_flat(self.model)
+
+    def run(self, start_round: int = 0) -> dict[str, Any]:
+        """Run rounds ``start_round .. rounds-1``; returns the summary."""
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        status = "completed"
+        last_eval: dict[str, float] = {}
+        record_dir = self.rundir.recordings_path if cfg.record else None
+        bar = _progress_bar(cfg.rounds, start_round, enabled=self.progress)
+        completed = start_round
+        try:
+            with make_link(cfg, self.hw, record_dir) as link:
+                for t in range(start_round, cfg.rounds):
+                    line = self._round(t, link)
+                    if "test_accuracy" in line:
+                        last_eval = {
+                            "test_accuracy": line["test_accuracy"],
+                            "test_loss": line["test_loss"],
+                        }
+                    with deferred_interrupts():
+                        self.rundir.append_metrics(line)
+                        self.rundir.save_checkpoint(t, self.w, {"d": self.d})
+                        completed = t + 1
+                    if self.on_round is not None:
+                        self.on_round(line)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(
+                            loss=f"{line['train_loss']:.3f}",
+                            acc=f"{last_eval.get('test_accuracy', float('nan')):.3f}",
+                        )
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            summary = self._summary(status, completed, time.perf_counter() - t_start)
+            self.rundir.write_summary(summary)
+        return summary
+
+    def _round(self, t: int, link: Link) -> dict[str, Any]:
+        cfg = self.cfg
+        timer = StageTimer()
+        t0 = time.perf_counter()
+        decoded: list[np.ndarray] = []
+        losses: list[float] = []
+        per_device: list[dict[str, Any]] = []
+        for i, trainer in enumerate(self.trainers):
+            mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
+            local = timer.timed(
+                "train",
+                lambda tr=trainer, r=mb_rng: tr.train(
+                    self.w, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, rng=r
+                ),
+            )
+            losses.append(local.mean_loss)
+            upload = timer.timed(
+                "encode",
+                lambda g=local.differential, i=i: self.encoder.encode(g, device=i, round_index=t),
+            )
+            ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
+            reception = timer.timed(
+                "link",
+                lambda u=upload, i=i, r=ch_rng: link.transmit(
+                    device=i, round_index=t, symbols=u.symbols, rng=r
+                ),
+            )
+            g_hat = timer.timed(
+                "decode", lambda rec=reception, u=upload: decode_differential(rec, u.header)
+            )
+            decoded.append(g_hat)
+            info = reception_metrics(reception, upload.symbols)
+            info["device"] = i
+            info["energy_comm_j"] = (
+                upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
+            )
+            info["alpha"] = upload.header.alpha
+            per_device.append(info)
+        self.w = timer.timed(
+            "aggregate", lambda: global_update(self.w, average(decoded, cfg.devices), cfg.lr)
+        )
+        line: dict[str, Any] = {"round": t, "train_loss": float(np.mean(losses))}
+        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds:
+            ev = timer.timed(
+                "eval",
+                lambda: evaluate(self.model, self.w, self.data.x_test, self.data.y_test),
+            )
+            line["test_accuracy"] = ev.accuracy
+            line["test_loss"] = ev.loss
+        line["devices"] = per_device
+        line["wall_s"] = {k: round(v, 6) for k, v in timer.totals.items()}
+        line["wall_s"]["round"] = round(time.perf_counter() - t0, 6)
+        return line
+
+    def _summary(self, status: str, completed: int, wall: float) -> dict[str, Any]:
+        metrics = self.rundir.metrics()
+        ckpt = self.rundir.load_checkpoint()
+        completed = 0 if ckpt is None else ckpt[0] + 1  # the files are the truth
+        evals = [m for m in metrics if "test_accuracy" in m]
+        energy = np.zeros(self.cfg.devices)
+        for m in metrics:
+            for dev in m.get("devices", []):
+                energy[dev["device"]] += dev.get("energy_comm_j", 0.0)
+        return {
+            "status": status,
+            "scheme": self.cfg.scheme,
+            "link": link_name(self.cfg, self.hw),
+            "rounds_completed": completed,
+            "rounds_planned": self.cfg.rounds,
+            "d": self.d,
+            "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+            "best_accuracy": max((m["test_accuracy"] for m in evals), default=None),
+            "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
+            "energy_comm_j_per_device": energy.tolist(),
+            "wall_time_s": round(wall, 3),
+        }
+
+
+def _progress_bar(total: int, initial: int, *, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="round", desc="rounds", dynamic_ncols=True)
+
+
+def _write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -> None:
+    import json
+
+    rundir.write_text("config.yaml", dump_yaml(cfg))
+    rundir.write_text("hw_config.yaml", dump_yaml(hw))
+    rundir.write_text("run_secret", new_run_secret() + "\n", mode=0o600)
+    meta = {
+        "testbed_version": __version__,
+        "seed": cfg.seed,
+        "seed_streams": {s.name: int(s) for s in Stream},
+        "link": link_name(cfg, hw),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "host": platform.node(),
+        "privacy_noise_source": "OS CSPRNG (never the experiment seed)",
+    }
+    rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    out_dir: Path,
+    *,
+    progress: bool = False,
+    hw: HardwareConfig | None = None,
+    on_round: RoundCallback | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` into a new run directory ``out_dir``; returns the summary.
+
+    Everything is validated (configs, data, link) before the first round.
+    """
+    hw = hw if hw is not None else load_hardware(cfg.hw_config)
+    rundir = RunDir.create(Path(out_dir))
+    _write_metadata(rundir, cfg, hw)
+    exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)
+    return exp.run(0)
+
+
+def resume_experiment(
+    run_dir: Path, *, progress: bool = False, on_round: RoundCallback | None = None
+) -> dict[str, Any]:
+    """Continue an interrupted run from its last completed round."""
+    rundir = RunDir.open(Path(run_dir))
+    cfg = load_experiment(rundir.path / "config.yaml")
+    hw = load_hardware(str(rundir.path / "hw_config.yaml"))
+    exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)
+    ckpt = rundir.load_checkpoint()
+    start = 0
+    if ckpt is not None:
+        last, weights, _ = ckpt
+        exp.w = weights
+        start = last + 1
+    rundir.truncate_metrics_after(start - 1)
+    return exp.run(start)

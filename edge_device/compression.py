@@ -88,14 +88,7 @@ def quantize(
         raise ValueError(f"quantize: levels={levels!r} must be an integer >= 1")
     if not np.all(np.isfinite(v)):
         raise ValueError("quantize: values contain NaN or infinite entries")
-    if scale is None:
-        s = float(np.linalg.norm(v))
-    else:
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"quantize: scale={scale!r} must be finite and > 0")
-        s = float(scale)
-        if v.size and float(np.max(np.abs(v))) > s:
-            raise ValueError(f"quantize: max |value| {np.max(np.abs(v))} exceeds scale={s}")
+    s = _resolve_scale(v, scale, "quantize")
     if s == 0.0:
         return np.zeros_like(v), 0.0
     xi = quantize_levels(v, levels, rng, s)
@@ -127,15 +120,23 @@ class Encoded:
     ----------
     values
         ``float64``, shape ``(l,)``: the compressed values, in mask order (on air).
+        With quantization, ``values == levels * step``.
     norm
         Quantizer scale ``s`` (side information) or ``None`` without quantization.
     d
         Model size.
+    levels
+        ``int64``, shape ``(l,)``: signed quantization levels, or ``None`` without
+        quantization. Noise after compression (003 eq. 21) is a discrete Gaussian added here.
+    step
+        Grid spacing ``s / Q`` (``None`` without quantization).
     """
 
     values: np.ndarray
     norm: float | None
     d: int
+    levels: np.ndarray | None = None
+    step: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,8 +191,13 @@ class Compressor:
         v = sparsify(g, idx, self.d)
         if self.levels is None:
             return Encoded(values=v, norm=None, d=self.d)
-        q, s = quantize(v, self.levels, rng, scale=scale)
-        return Encoded(values=q, norm=s, d=self.d)
+        s = _resolve_scale(v, scale, "encode")
+        if s == 0.0:
+            zeros = np.zeros(v.size, dtype=np.int64)
+            return Encoded(values=np.zeros_like(v), norm=0.0, d=self.d, levels=zeros, step=0.0)
+        levels = quantize_levels(v, self.levels, rng, s)
+        step = s / self.levels
+        return Encoded(values=levels * step, norm=s, d=self.d, levels=levels, step=step)
 
     def decode(
         self, values: np.ndarray, *, run_secret: str, device: int, round_index: int
@@ -209,6 +215,24 @@ class Compressor:
         return out
 
 
+def fixed_quantizer_scale(*, clip: float, d: int, l: int, clip_mode: str) -> float:
+    """Public bound ``B`` on ``||(d/l) g_S||_2`` for a clipped ``g``: the fixed quantizer scale.
+
+    ``Z sqrt(d/l)`` for coordinate clipping, ``Z d / l`` for norm clipping. Quantizing with this
+    scale sends nothing data-dependent in the clear (noise after compression needs it; the
+    strict accounting's ``sparse_norm_bound`` is the same formula, kept in the aggregator
+    because the two packages may not import each other).
+    """
+    _check_d_l(d, l, "fixed_quantizer_scale")
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"fixed_quantizer_scale: clip={clip!r} must be finite and > 0")
+    if clip_mode == "coordinate":
+        return clip * math.sqrt(d / l)
+    if clip_mode == "norm":
+        return clip * d / l
+    raise ValueError(f"fixed_quantizer_scale: clip_mode={clip_mode!r} must be coordinate/norm")
+
+
 def theta_qs(*, d: int, l: int, levels: int | None) -> float:
     """Lemma 3's variance factor ``1/theta_s + theta_q / sqrt(theta_s)``.
 
@@ -218,6 +242,17 @@ def theta_qs(*, d: int, l: int, levels: int | None) -> float:
     _check_d_l(d, l, "theta_qs")
     extra = 0.0 if levels is None else d / (levels * math.sqrt(l))
     return d / l + extra
+
+
+def _resolve_scale(v: np.ndarray, scale: float | None, where: str) -> float:
+    """The quantizer scale: ``||v||`` when ``scale`` is None, else the validated fixed one."""
+    if scale is None:
+        return float(np.linalg.norm(v))
+    if isinstance(scale, bool) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{where}: scale={scale!r} must be finite and > 0")
+    if v.size and float(np.max(np.abs(v))) > scale:
+        raise ValueError(f"{where}: max |value| {np.max(np.abs(v))} exceeds scale={scale}")
+    return float(scale)
 
 
 def _check_d_l(d: int, l: int, where: str) -> None:

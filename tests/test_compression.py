@@ -175,3 +175,46 @@ def test_lemma3_variance_bound(d: int, l: int, levels: int) -> None:
     # and the bound is not vacuous: the sparsification part alone is attained exactly
     # in expectation, so the measured error exceeds it
     assert mean >= (d / l - 1.0) * float(g @ g) - 3 * se
+
+
+def test_encode_exposes_integer_levels_on_the_grid() -> None:
+    comp = Compressor(d=50, l=10, levels=4)
+    g = np.random.default_rng(3).normal(size=50)
+    enc = comp.encode(g, run_secret=SECRET, device=0, round_index=1,
+                      rng=np.random.default_rng(1))
+    assert enc.levels is not None and enc.levels.dtype == np.int64
+    assert enc.step == pytest.approx(enc.norm / 4)
+    assert np.array_equal(enc.values, enc.levels * enc.step)
+    assert np.all(np.abs(enc.levels) <= 4)
+
+
+def test_fixed_scale_matches_the_aggregator_bound_and_holds() -> None:
+    from aggregator.privacy.strict import sparse_norm_bound
+    from edge_device.clipping import clip
+    from edge_device.compression import fixed_quantizer_scale
+
+    rng = np.random.default_rng(4)
+    d, l, z = 400, 40, 5.0
+    for mode in ("coordinate", "norm"):
+        b = fixed_quantizer_scale(clip=z, d=d, l=l, clip_mode=mode)
+        assert b == sparse_norm_bound(clip=z, d=d, l=l, clip_mode=mode)
+        for r in range(50):
+            g = clip(rng.standard_cauchy(size=d), mode=mode, bound=z)
+            v = sparsify(g, sparsify_mask(SECRET, 0, r, d, l), d)
+            assert np.linalg.norm(v) <= b * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("levels", [1, 2, 5, 16, 64])
+def test_quantized_norm_bound_used_by_the_strict_accounting(levels: int) -> None:
+    """||C(v)|| <= B (1 + sqrt(l)/Q) for every rounding draw when ||v|| <= B = scale."""
+    rng = np.random.default_rng(levels)
+    l, b = 30, 2.0
+    worst = 0.0
+    for _ in range(2000):
+        v = rng.normal(size=l) * rng.uniform(0, 1, size=l) ** 3  # uneven magnitudes
+        v *= b * rng.uniform(0.2, 1.0) / np.linalg.norm(v)
+        q, _ = quantize(v, levels, rng, scale=b)
+        worst = max(worst, float(np.linalg.norm(q)) / (b * (1 + math.sqrt(l) / levels)))
+        q2, s2 = quantize(v, levels, rng)  # the norm as scale obeys the same bound
+        assert np.linalg.norm(q2) <= s2 * (1 + math.sqrt(l) / levels) * (1 + 1e-12)
+    assert worst <= 1 + 1e-12

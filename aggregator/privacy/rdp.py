@@ -3,13 +3,13 @@
 Gaussian mechanism (Mironov 2017, Cor. 3): releasing ``f(D) + N(0, s^2 I)`` with l2
 sensitivity ``Delta`` is ``(a, a Delta^2 / (2 s^2))``-RDP for every order ``a > 1``. Every
 mechanism in this testbed is Gaussian (or discrete Gaussian with the same bound, Canonne et
-al. 2020, Prop. 5 and Thm. 15), so a device's RDP curve is ``a * c`` with ``c`` the sum of
+al. 2020, univariate and multivariate), so a device's RDP curve is ``a * c`` with ``c`` the sum of
 per-upload coefficients ``Delta^2 / (2 s^2)`` (composition, Mironov Prop. 1).
 
 Conversion to ``(epsilon, delta)``-DP, for an RDP curve ``R(a)``:
 
 * ``"standard"`` (Mironov Prop. 3; 003 Lemma 2): ``epsilon = R(a) + log(1/delta) / (a - 1)``.
-* ``"balle2020"`` (Balle et al. 2020, Thm. 21; Canonne et al. 2020, Prop. 12; tighter):
+* ``"balle2020"`` (Balle et al. 2020, Thm. 21; also in Canonne et al. 2020; tighter):
   ``epsilon = R(a) + log((a - 1)/a) - (log(delta) + log(a)) / (a - 1)``.
 
 The order is optimised numerically over ``a in [ORDER_MIN, ORDER_MAX]``: a log-spaced grid

@@ -2,7 +2,7 @@
 
 Facts used: the Gaussian mechanism's RDP ``a Delta^2 / (2 s^2)`` (Mironov 2017); the same
 bound for the multivariate discrete Gaussian on a lattice containing the query (Canonne,
-Kamath, Steinke 2020, Thm. 15); post-processing; joint quasi-convexity of the Renyi
+Kamath, Steinke 2020, multivariate case); post-processing; joint quasi-convexity of the Renyi
 divergence (for randomised quantizers, coupled through their randomness); and that two valid
 RDP bounds of one mechanism give their minimum.
 

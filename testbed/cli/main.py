@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_run",
     "testbed.cli.cmd_privacy",
     "testbed.cli.cmd_radio",
+    "testbed.cli.cmd_plan",
 )
 
 

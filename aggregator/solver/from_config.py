@@ -1,0 +1,179 @@
+"""Build a solver :class:`Scenario` from an experiment config plus an optional scenario file.
+
+The experiment schema lacks what only the solver needs (beta1/beta2, per-device gains, Q
+bounds), so ``testbed plan CONFIG --scenario FILE`` takes a YAML file whose ``solver:``
+mapping (or the whole file, if it has no ``solver`` key) may set::
+
+    solver:
+      h: [1.0, 0.8, ...]       # |h_i| per device (default: 1, the mean gain at snr_db)
+      n0: [0.005, ...]         # channel noise per REAL coordinate (default: from snr_db)
+      p_max_w: [0.1, ...]      # W per device (default: power.p_max_w)
+      e_comp_j: [0.5, ...]     # J per round per device (default: energy.e_comp_j)
+      d: 21840                 # model size (default: counted from the config's model)
+      beta1: 10.0              # convergence constants of (25) (default: uncalibrated values,
+      beta2: 3.0e-7            #   see DEFAULT_BETAS, a note says so in the plan output)
+      calibration: cal.yaml    # or: take beta1/beta2 from `testbed calibrate --out` output
+      q_min: 1
+      q_max: 32                # 003: 1 <= Q <= 32
+      l_min: 1
+      k_max: 10000000
+
+From the experiment config: ``devices``, ``local_steps`` (H), ``clip.bound`` (Z, with
+``clip.mode: coordinate`` required: the paper accounting's kappa/d needs it),
+``privacy.epsilon/delta/trusted_channel_noise``, ``snr_db`` (per device; ``N0 = 10^(-snr/10)``
+per complex symbol, half of it per real coordinate), ``power.p_max_w``, ``energy.e_comp_j``;
+from the hardware config: ``t_cm = 1 / symbol_rate_hz`` and ``tx_power_ref_w``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from aggregator.solver.scenario import Scenario, ScenarioError
+from radio.units import noise_var_from_snr_db
+from testbed.config.experiment import ExperimentConfig
+from testbed.config.hardware import HardwareConfig
+from testbed.config.loader import ConfigError, validate
+
+#: Used when neither the scenario file nor a calibration gives beta1/beta2 (not fitted:
+#: the plan output says so).
+DEFAULT_BETAS = (10.0, 3e-7)
+
+
+class ScenarioFile(BaseModel):
+    """The ``solver:`` mapping of a scenario file (every key optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    h: list[float] | float | None = None
+    n0: list[float] | float | None = None
+    p_max_w: list[float] | float | None = None
+    e_comp_j: list[float] | float | None = None
+    d: int | None = Field(None, ge=1)
+    beta1: float | None = Field(None, ge=0)
+    beta2: float | None = Field(None, gt=0)
+    calibration: str | None = None
+    q_min: int = Field(1, ge=1)
+    q_max: int = Field(32, ge=1)
+    l_min: int = Field(1, ge=1)
+    k_max: int = Field(10_000_000, ge=1)
+
+
+def read_scenario_file(path: str | Path | None) -> ScenarioFile:
+    """Parse and validate a scenario file (``None``: all defaults)."""
+    if path is None:
+        return ScenarioFile()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"scenario file '{p}' does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"scenario file '{p}' is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario file '{p}' must hold a mapping")
+    if "solver" in data:
+        extra = sorted(set(data) - {"solver"})
+        if extra:
+            raise ConfigError(f"scenario file key '{extra[0]}': unknown key (allowed: solver)")
+        data = data["solver"] or {}
+    sf = validate(ScenarioFile, data, "scenario")
+    if sf.calibration is not None and not Path(sf.calibration).is_absolute():
+        sf = sf.model_copy(update={"calibration": str(p.parent / sf.calibration)})
+    return sf
+
+
+def scenario_from_config(
+    cfg: ExperimentConfig,
+    hw: HardwareConfig,
+    sf: ScenarioFile,
+    *,
+    count_params: Callable[[ExperimentConfig], int] | None = None,
+) -> tuple[Scenario, list[str]]:
+    """The solver scenario of an experiment; returns it with notes for the user.
+
+    ``count_params(cfg)`` gives d when the scenario file does not (the CLI passes a
+    function that builds the model).
+    """
+    notes: list[str] = []
+    if cfg.clip.mode != "coordinate":
+        raise ConfigError(
+            f"config key 'clip.mode': got {cfg.clip.mode!r}; the EE-DP-FL plan needs "
+            "'coordinate' (003 per-coordinate clipping, which the paper accounting assumes)"
+        )
+    n = cfg.devices
+    if sf.d is not None:
+        d = sf.d
+    elif count_params is not None:
+        d = count_params(cfg)
+    else:
+        raise ConfigError("scenario key 'd': model size needed (no parameter counter given)")
+    h = sf.h if sf.h is not None else 1.0
+    if sf.h is None:
+        notes.append("h_i = 1 for every device (mean gain at the configured snr_db)")
+    if sf.n0 is not None:
+        n0: Any = sf.n0
+    else:
+        n0 = [noise_var_from_snr_db(s) / 2.0 for s in cfg.snr_db_per_device()]
+    if sf.beta1 is not None and sf.beta2 is not None:
+        betas = (sf.beta1, sf.beta2)
+    elif sf.calibration is not None:
+        betas = read_calibration_betas(sf.calibration)
+        notes.append(f"beta1, beta2 from calibration file {sf.calibration}")
+    else:
+        betas = DEFAULT_BETAS
+        notes.append(
+            f"beta1 = {betas[0]:g}, beta2 = {betas[1]:g} are uncalibrated defaults; "
+            "fit them with `testbed calibrate` for this model and data"
+        )
+    try:
+        scn = Scenario(
+            h=_per_device(h, n, "h"), n0=_per_device(n0, n, "n0"),
+            p_max_w=_per_device(sf.p_max_w if sf.p_max_w is not None else cfg.power.p_max_w,
+                                n, "p_max_w"),
+            e_comp_j=_per_device(
+                sf.e_comp_j if sf.e_comp_j is not None else cfg.energy.e_comp_j, n, "e_comp_j"
+            ),
+            d=d, local_steps=cfg.local_steps, clip_bound=cfg.clip.bound,
+            epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+            beta1=betas[0], beta2=betas[1], t_cm_s=1.0 / hw.symbol_rate_hz,
+            tx_power_ref_w=hw.tx_power_ref_w, trusted=cfg.privacy.trusted_channel_noise,
+            q_min=sf.q_min, q_max=sf.q_max, l_min=sf.l_min, k_max=sf.k_max,
+        )
+    except ScenarioError as exc:
+        raise ConfigError(f"scenario: {exc}") from None
+    if cfg.fading != "none":
+        notes.append(
+            f"fading '{cfg.fading}': the plan assumes the fixed gains h_i; under fading the "
+            "run's budget guard accounts each round's realized gain"
+        )
+    return scn, notes
+
+
+def _per_device(value: Any, n: int, name: str) -> tuple[float, ...]:
+    vals = value if isinstance(value, list) else [value] * n
+    if len(vals) != n:
+        raise ConfigError(f"scenario key '{name}': expected {n} values (devices), got {len(vals)}")
+    return tuple(float(v) for v in vals)
+
+
+def read_calibration_betas(path: str | Path) -> tuple[float, float]:
+    """``(beta1, beta2)`` from a ``testbed calibrate --out`` file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"scenario key 'calibration': file '{p}' does not exist")
+    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        b1, b2 = float(data["beta1"]), float(data["beta2"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"calibration file '{p}': needs numeric keys 'beta1' and 'beta2'"
+        ) from None
+    if b1 < 0 or b2 <= 0:
+        raise ConfigError(f"calibration file '{p}': need beta1 >= 0 and beta2 > 0, got {b1}, {b2}")
+    return b1, b2

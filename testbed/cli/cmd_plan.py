@@ -1,0 +1,150 @@
+"""``testbed plan``: EE-DP-FL energy-minimising plan and the peer schemes under one target.
+
+Solves 003 Section V (Algorithm 2, corrected; docs/solver.md) for the experiment's devices,
+prints per device alpha, sigma, power, energy and epsilon in both accountings, the chosen
+T, l, Q and the total energy, and the same for ldp-fedavg, s-dp-fl and channel-dp.
+``--out`` writes the plan that ``testbed run`` (``scheme: ee-dp-fl``, ``plan: PATH``) reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.config.experiment import ExperimentConfig
+from testbed.config.loader import load_experiment, load_hardware
+
+
+def register(sub: Any) -> None:
+    """Add the ``plan`` subcommand."""
+    p = sub.add_parser(
+        "plan",
+        help="energy-minimising EE-DP-FL plan (T, l, Q, alpha_i, sigma_i) and peer schemes",
+        description=(
+            "Plan EE-DP-FL (003 Section V, Algorithm 2 with the corrections of docs/solver.md) "
+            "for an experiment config: uploads K (T = K H), sparsity l, quantization levels Q, "
+            "per-device power scaling alpha_i and artificial noise sigma_i minimising the "
+            "devices' total energy under the epsilon target (paper accounting), the power "
+            "limit and the fitted convergence bound (25). Also plans ldp-fedavg, s-dp-fl and "
+            "channel-dp under the same targets. Solver-only inputs (beta1, beta2, gains h_i, "
+            "Q range) come from --scenario FILE (see aggregator/solver/from_config.py)."
+        ),
+    )
+    p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
+    p.add_argument("--scenario", type=Path, help="solver scenario YAML (solver: mapping)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an experiment config key (privacy.epsilon=1.8); repeatable")
+    p.add_argument("--scheme", default="ee-dp-fl",
+                   choices=["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp"],
+                   help="scheme whose plan --out writes (default ee-dp-fl)")
+    p.add_argument("--out", type=Path, metavar="PLAN.yaml", help="write the plan file")
+    p.add_argument("--no-peers", action="store_true", help="plan only --scheme")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_plan)
+
+
+def count_params(cfg: ExperimentConfig) -> int:
+    """Model size d of the config's model (builds it; imports torch)."""
+    from testbed.models import build_model, n_params
+
+    shape = (3, 32, 32) if cfg.dataset == "cifar10" else (1, 28, 28)
+    return n_params(build_model(cfg.model, shape, seed=0))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from aggregator.solver.baselines import PEER_SCHEMES, plan_all
+    from aggregator.solver.from_config import read_scenario_file, scenario_from_config
+    from aggregator.solver.infeasible import InfeasibleError
+    from aggregator.solver.plan_file import save_plan
+
+    cfg = load_experiment(args.config, args.overrides)
+    hw = load_hardware(cfg.hw_config)
+    sf = read_scenario_file(args.scenario)
+    scenario, notes = scenario_from_config(cfg, hw, sf, count_params=count_params)
+    schemes = (args.scheme,) if args.no_peers else (
+        args.scheme, *[s for s in ("ee-dp-fl", *PEER_SCHEMES) if s != args.scheme]
+    )
+    results = plan_all(scenario, schemes)
+    main_res = results[args.scheme]
+    if args.out is not None and not isinstance(main_res, InfeasibleError):
+        save_plan(main_res, args.out)
+    if args.json:
+        out = {"scheme": args.scheme, "scenario_notes": notes, **_summary(main_res)}
+        out["peers"] = {k: _summary(v) for k, v in results.items() if k != args.scheme}
+        if args.out is not None and not isinstance(main_res, InfeasibleError):
+            out["plan_file"] = str(args.out)
+        print(json.dumps(_json_safe(out)))
+    else:
+        for line in notes:
+            print(f"note: {line}")
+        for name, res in results.items():
+            _print_result(name, res)
+        if args.out is not None and not isinstance(main_res, InfeasibleError):
+            print(f"plan written to {args.out}")
+    if isinstance(main_res, InfeasibleError):
+        print(f"testbed plan: error: {main_res}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _summary(res: Any) -> dict[str, Any]:
+    from aggregator.solver.infeasible import InfeasibleError
+
+    if isinstance(res, InfeasibleError):
+        return {"feasible": False, "binding": res.binding, "nearest": res.nearest,
+                "error": str(res)}
+    return {
+        "feasible": True,
+        "T": res.T, "K": res.K, "H": res.H, "l": res.l, "Q": res.Q, "d": res.d,
+        "energy_j": res.energy_j, "energy_comm_j": res.energy_comm_j,
+        "energy_comp_j": res.energy_comp_j, "required_uploads": res.required_uploads,
+        "strict_exceeds_target": res.strict_exceeds_target, "notes": res.notes,
+        "devices": [
+            {"id": d.id, "alpha": d.alpha, "sigma": d.sigma, "power_w": d.power_w,
+             "e_comm_j": d.e_comm_j, "e_comp_j": d.e_comp_j, "epsilon": d.epsilon_paper,
+             "epsilon_paper": d.epsilon_paper, "epsilon_strict": d.epsilon_strict,
+             "regime": d.regime}
+            for d in res.devices
+        ],
+        "solver_seconds": res.solver.seconds,
+    }
+
+
+def _json_safe(x: Any) -> Any:
+    """Infinite floats as the string "Infinity" (JSON has no inf); never as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "Infinity" if x > 0 else ("-Infinity" if x < 0 else "NaN")
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _print_result(name: str, res: Any) -> None:
+    from aggregator.solver.infeasible import InfeasibleError
+
+    print(f"== {name}")
+    if isinstance(res, InfeasibleError):
+        print(f"  INFEASIBLE: {res}")
+        return
+    q = "-" if res.Q is None else str(res.Q)
+    print(f"  T = {res.T} (K = {res.K} uploads x H = {res.H}), l = {res.l} of d = {res.d}, "
+          f"Q = {q}")
+    print(f"  energy {res.energy_j:.6g} J (radio {res.energy_comm_j:.6g} J, computing "
+          f"{res.energy_comp_j:.6g} J); convergence bound needs K >= {res.required_uploads:.4g}")
+    print("  dev      alpha      sigma   power_W  E_comm_J/up  E_comp_J/rd   eps_paper  "
+          "eps_strict  regime")
+    for d in res.devices:
+        strict = "n/a" if d.epsilon_strict is None else f"{d.epsilon_strict:.4g}"
+        print(f"  {d.id:>3} {d.alpha:10.4g} {d.sigma:10.4g} {d.power_w:9.4g} {d.e_comm_j:12.4g} "
+              f"{d.e_comp_j:12.4g} {d.epsilon_paper:11.4g} {strict:>11}  {d.regime}")
+    for note in res.notes:
+        print(f"  note: {note}")
+    if res.strict_exceeds_target:
+        print(f"  WARNING: strict epsilon above the target {res.epsilon_target:g} "
+              "(see note above)")

@@ -52,7 +52,8 @@ def register(sub: Any) -> None:
     p.add_argument("--mode", default="strict", choices=["paper", "strict"],
                    help="accounting (default strict)")
     p.add_argument("--noise-position", default="before", choices=["before", "after"],
-                   help="artificial noise before (Algorithm 1) or after (eq. 21) compression")
+                   help="artificial noise before (Algorithm 1) or after (eq. 21) compression; "
+                        "'after' with --q assumes a fixed public quantizer scale")
     p.add_argument("--trusted", type=float, default=1.0,
                    help="fraction of channel noise credited, in [0, 1] (default 1)")
     p.add_argument("--conversion", default="standard", choices=["standard", "balle2020"],

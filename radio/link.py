@@ -131,6 +131,10 @@ class Link(ABC):
 
     #: Registry name (``symbol``, ``waveform``, ``gnuradio``, ``usrp``).
     name: str = ""
+    #: ``True`` when ``transmit`` is guaranteed to report exactly the state ``probe``
+    #: returned (simulated channel known to the receiver). Only then may a privacy budget
+    #: be checked against a probed state; otherwise no channel noise is credited beforehand.
+    exact_state: bool = False
 
     @abstractmethod
     def transmit(

@@ -73,6 +73,7 @@ class SymbolLink(Link):
     """In-process symbol-level channel; the receiver knows h and N0 exactly."""
 
     name = "symbol"
+    exact_state = True
 
     def __init__(self, params: ChannelParams) -> None:
         self.params = params

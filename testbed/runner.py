@@ -21,9 +21,12 @@ import torch
 from aggregator.aggregate import average, global_update
 from aggregator.decoder import decode_differential
 from aggregator.evaluate import evaluate
+from aggregator.privacy import UploadEvent
+from aggregator.privacy_book import PrivacyBook
 from edge_device.trainer import LocalTrainer
 from edge_device.uplink import UplinkEncoder, UplinkSettings
-from radio.link import Link, Reception
+from radio.analog import n_symbols_for
+from radio.link import ChannelState, Link, Reception
 from radio.units import linear_to_db
 from testbed import __version__
 from testbed.config.experiment import ExperimentConfig
@@ -33,8 +36,11 @@ from testbed.data.datasets import Dataset, load_dataset
 from testbed.data.partition import iid_partition, noniid_partition
 from testbed.interrupts import deferred_interrupts
 from testbed.links import link_name, make_link
+from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
+from testbed.protocol import UploadHeader
 from testbed.rundir import RunDir
+from testbed.schemes import resolve_uplinks
 from testbed.seeding import Stream, experiment_generator, new_run_secret
 
 #: Called after every round with the round's metrics line.
@@ -131,12 +137,33 @@ class Experiment:
         self.trainers = [
             LocalTrainer(self.model, self.data.x_train[p], self.data.y_train[p]) for p in self.parts
         ]
-        self.encoder = UplinkEncoder(
-            UplinkSettings(
-                clip_mode=cfg.clip.mode, clip_bound=cfg.clip.bound, alpha=cfg.power.alpha
-            ),
-            self.d,
-        )
+        self.run_secret = (rundir.path / "run_secret").read_text().strip()
+        self.uplinks = resolve_uplinks(cfg, hw, self.d)
+        self.encoders = [
+            UplinkEncoder(
+                UplinkSettings(
+                    clip_mode=cfg.clip.mode,
+                    clip_bound=cfg.clip.bound,
+                    alpha=up.alpha,
+                    mechanism=up.mechanism,
+                    sigma=up.sigma,
+                    l=up.l,
+                    levels=up.levels,
+                    quantizer_scale=up.quantizer_scale,
+                ),
+                self.d,
+                self.run_secret,
+            )
+            for up in self.uplinks
+        ]
+        self.book: PrivacyBook | None = None
+        if any(up.mechanism != "none" for up in self.uplinks):
+            self.book = PrivacyBook(
+                rundir.ledger_path,
+                delta=cfg.privacy.delta,
+                enforce=cfg.privacy.accounting,
+                target=cfg.privacy.epsilon,
+            )
         self.w = get_flat(self.model)
 
     def run(self, start_round: int = 0) -> dict[str, Any]:
@@ -152,6 +179,9 @@ class Experiment:
             with make_link(cfg, self.hw, record_dir) as link:
                 for t in range(start_round, cfg.rounds):
                     line = self._round(t, link)
+                    if line is None:
+                        status = "budget_exhausted"
+                        break
                     if "test_accuracy" in line:
                         last_eval = {
                             "test_accuracy": line["test_accuracy"],
@@ -176,17 +206,66 @@ class Experiment:
             if bar is not None:
                 bar.close()
             summary = self._summary(status, completed, time.perf_counter() - t_start)
+            if self.book is not None:
+                self.book.close()
             self.rundir.write_summary(summary)
         return summary
 
-    def _round(self, t: int, link: Link) -> dict[str, Any]:
+    def _event(self, i: int, t: int, state: ChannelState | None) -> UploadEvent:
+        """The privacy event of device ``i``'s upload in round ``t`` given a channel state.
+
+        ``state=None`` (unknown channel) credits no channel noise at all.
+        """
+        up, cfg = self.uplinks[i], self.cfg
+        credited = state is not None and up.trusted > 0
+        return UploadEvent(
+            round=t,
+            device=i,
+            mechanism=up.mechanism,
+            sigma=up.sigma,
+            alpha=float(up.alpha or 0.0),
+            gain=float(np.sqrt(state.credited_gain_power())) if credited else 0.0,
+            n0=state.noise_var_lower / 2.0 if credited else 0.0,
+            trusted_channel_noise=up.trusted if credited else 0.0,
+            d=self.d,
+            l=up.l,
+            q=up.levels,
+            clip=cfg.clip.bound,
+            clip_mode=cfg.clip.mode,
+            quantizer_scale=up.quantizer_scale,
+        )
+
+    def _gate(self, t: int, link: Link) -> tuple[list[bool], list[np.random.Generator]]:
+        """Per device: may it upload in round ``t``, and its channel generator."""
+        cfg = self.cfg
+        allowed, rngs = [], []
+        for i, up in enumerate(self.uplinks):
+            ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
+            state = link.probe(device=i, round_index=t, n_symbols=n_symbols_for(up.l), rng=ch_rng)
+            rngs.append(ch_rng)
+            if self.book is None:
+                allowed.append(True)
+                continue
+            # Only a link whose reception reports exactly the probed state may have the
+            # budget checked against it; otherwise assume no channel-noise credit.
+            check_state = state if link.exact_state else None
+            allowed.append(self.book.allows(self._event(i, t, check_state)))
+        return allowed, rngs
+
+    def _round(self, t: int, link: Link) -> dict[str, Any] | None:
         cfg = self.cfg
         timer = StageTimer()
         t0 = time.perf_counter()
+        allowed, ch_rngs = timer.timed("gate", lambda: self._gate(t, link))
+        if not any(allowed):
+            return None
         decoded: list[np.ndarray] = []
         losses: list[float] = []
         per_device: list[dict[str, Any]] = []
         for i, trainer in enumerate(self.trainers):
+            if not allowed[i]:
+                per_device.append({"device": i, "transmitted": False})
+                continue
             mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
             local = timer.timed(
                 "train",
@@ -195,32 +274,48 @@ class Experiment:
                 ),
             )
             losses.append(local.mean_loss)
+            q_rng = experiment_generator(cfg.seed, Stream.QUANTIZER, i, t)
             upload = timer.timed(
                 "encode",
-                lambda g=local.differential, i=i: self.encoder.encode(g, device=i, round_index=t),
-            )
-            ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
-            reception = timer.timed(
-                "link",
-                lambda u=upload, i=i, r=ch_rng: link.transmit(
-                    device=i, round_index=t, symbols=u.symbols, rng=r
+                lambda g=local.differential, i=i, r=q_rng: self.encoders[i].encode(
+                    g, device=i, round_index=t, quant_rng=r
                 ),
             )
-            g_hat = timer.timed(
-                "decode", lambda rec=reception, u=upload: decode_differential(rec, u.header)
+            reception = timer.timed(
+                "link",
+                lambda u=upload, i=i: link.transmit(
+                    device=i, round_index=t, symbols=u.symbols, rng=ch_rngs[i]
+                ),
             )
-            decoded.append(g_hat)
             info = reception_metrics(reception, upload.symbols)
             info["device"] = i
+            info["transmitted"] = True
+            if self.book is not None:
+                # Recorded (fsynced) before the values are used: the upload has happened.
+                self.book.record(self._event(i, t, reception.state))
+                eps = self.book.epsilon(i)
+                info["epsilon_paper"] = eps["paper"].epsilon
+                info["epsilon_strict"] = eps["strict"].epsilon
+            g_hat = timer.timed(
+                "decode",
+                lambda rec=reception, u=upload: decode_differential(rec, u.header, self._mask),
+            )
+            decoded.append(g_hat)
             info["energy_comm_j"] = (
                 upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
             )
+            info["energy_comp_j"] = cfg.energy.e_comp_j
             info["alpha"] = upload.header.alpha
+            info["sigma"] = self.uplinks[i].sigma
             per_device.append(info)
         self.w = timer.timed(
             "aggregate", lambda: global_update(self.w, average(decoded, cfg.devices), cfg.lr)
         )
-        line: dict[str, Any] = {"round": t, "train_loss": float(np.mean(losses))}
+        line: dict[str, Any] = {
+            "round": t,
+            "train_loss": float(np.mean(losses)),
+            "uploads": len(decoded),
+        }
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds:
             ev = timer.timed(
                 "eval",
@@ -233,15 +328,47 @@ class Experiment:
         line["wall_s"]["round"] = round(time.perf_counter() - t0, 6)
         return line
 
+    def _mask(self, header: UploadHeader) -> np.ndarray:
+        return sparsify_mask(
+            self.run_secret, header.device, header.round_index, header.d, header.n_values
+        )
+
     def _summary(self, status: str, completed: int, wall: float) -> dict[str, Any]:
         metrics = self.rundir.metrics()
         ckpt = self.rundir.load_checkpoint()
         completed = 0 if ckpt is None else ckpt[0] + 1  # the files are the truth
         evals = [m for m in metrics if "test_accuracy" in m]
         energy = np.zeros(self.cfg.devices)
+        energy_comp = np.zeros(self.cfg.devices)
         for m in metrics:
             for dev in m.get("devices", []):
                 energy[dev["device"]] += dev.get("energy_comm_j", 0.0)
+                energy_comp[dev["device"]] += dev.get("energy_comp_j", 0.0)
+        devices = []
+        for i, up in enumerate(self.uplinks):
+            entry: dict[str, Any] = {
+                "device": i,
+                "mechanism": up.mechanism,
+                "sigma": up.sigma,
+                "noise_variance": up.sigma**2,
+                "alpha": up.alpha,
+                "l": up.l,
+                "levels": up.levels,
+                "trusted_channel_noise": up.trusted,
+                "expected_power_w": (
+                    None
+                    if up.expected_power is None
+                    else up.expected_power * self.hw.tx_power_ref_w
+                ),
+            }
+            if self.book is not None:
+                eps = self.book.epsilon(i)
+                entry["epsilon_paper"] = eps["paper"].epsilon
+                entry["epsilon_strict"] = eps["strict"].epsilon
+                entry["uploads"] = self.book.uploads(i)
+            else:
+                entry["epsilon_paper"] = entry["epsilon_strict"] = None
+            devices.append(entry)
         return {
             "status": status,
             "scheme": self.cfg.scheme,
@@ -253,6 +380,13 @@ class Experiment:
             "best_accuracy": max((m["test_accuracy"] for m in evals), default=None),
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
             "energy_comm_j_per_device": energy.tolist(),
+            "energy_comp_j_per_device": energy_comp.tolist(),
+            "privacy": {
+                "epsilon_target": self.cfg.privacy.epsilon if self.book is not None else None,
+                "delta": self.cfg.privacy.delta,
+                "enforced_accounting": self.cfg.privacy.accounting,
+                "devices": devices,
+            },
             "wall_time_s": round(wall, 3),
         }
 

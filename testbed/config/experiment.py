@@ -70,7 +70,14 @@ class PrivacyConfig(_Strict):
     accounting: Literal["paper", "strict"] = Field(
         "strict", description="accounting that enforces the budget; both are reported"
     )
-    sigma: float = Field(0.0, ge=0, description="artificial noise std per coordinate")
+    sigma: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "artificial noise std per coordinate; null = the smallest value meeting epsilon "
+            "over all rounds (calibrated per device)"
+        ),
+    )
     trusted_channel_noise: float = Field(
         1.0, ge=0, le=1, description="fraction of channel noise credited (0 = local DP)"
     )

@@ -249,7 +249,11 @@ class Experiment:
             # Only a link whose reception reports exactly the probed state may have the
             # budget checked against it; otherwise assume no channel-noise credit.
             check_state = state if link.exact_state else None
-            allowed.append(self.book.allows(self._event(i, t, check_state)))
+            gated = self._event(i, t, check_state)
+            ok = self.book.allows(gated)
+            allowed.append(ok)
+            if ok:
+                self.book.begin(gated)
         return allowed, rngs
 
     def _round(self, t: int, link: Link) -> dict[str, Any] | None:
@@ -292,7 +296,7 @@ class Experiment:
             info["transmitted"] = True
             if self.book is not None:
                 # Recorded (fsynced) before the values are used: the upload has happened.
-                self.book.record(self._event(i, t, reception.state))
+                self.book.commit(self._event(i, t, reception.state))
                 eps = self.book.epsilon(i)
                 info["epsilon_paper"] = eps["paper"].epsilon
                 info["epsilon_strict"] = eps["strict"].epsilon

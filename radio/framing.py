@@ -2,9 +2,9 @@
 
 Layout in symbols (``G`` guard zeros, ``R`` repetitions of a Zadoff-Chu sequence of odd
 length ``L``, pilot blocks of ``Np`` known unit-modulus symbols every ``spacing`` payload
-symbols, a pilot block after the last chunk, then a single ZC postamble)::
+symbols, a pilot block after the last chunk, then three repetitions of a second ZC)::
 
-    [0]*G  [ZC]*R  P D..D  P D..D  ...  P D..D  P  [ZC']  [0]*G
+    [0]*G  [ZC]*R  P D..D  P D..D  ...  P D..D  P  [ZC']*3  [0]*G
 
 The repeated preamble gives frame detection and a frequency-offset estimate (delay and
 correlate); its cross-correlation gives fine timing; the postamble gives the sample-rate
@@ -106,8 +106,12 @@ class WaveformParams:
 
     @cached_property
     def postamble(self) -> np.ndarray:
-        """Postamble symbols, shape ``(zc_length,)``."""
-        return zadoff_chu(self.zc_length, self.postamble_root)
+        """Postamble symbols: three repetitions of a ZC sequence, ``(3 zc_length,)``.
+
+        Timing is refined on the middle repetition, whose neighbours within the pulse span
+        are known and periodic (see :func:`radio.sync.refine_timing`).
+        """
+        return np.tile(zadoff_chu(self.zc_length, self.postamble_root), 3)
 
     def pilot_block(self) -> np.ndarray:
         """The fixed QPSK pilot block, unit modulus, shape ``(pilots_per_block,)``."""
@@ -163,7 +167,7 @@ def frame_layout(params: WaveformParams, n_payload: int) -> FrameLayout:
     last = n_payload - (n_chunks - 1) * sp
     pilot_idx[-1] = start + (n_chunks - 1) * (npb + sp) + npb + last + np.arange(npb)
     post = int(pilot_idx[-1, -1]) + 1
-    n_symbols = post + params.zc_length + params.guard_symbols
+    n_symbols = post + params.postamble.size + params.guard_symbols
     return FrameLayout(
         n_symbols=n_symbols,
         preamble_start=params.guard_symbols,
@@ -196,5 +200,7 @@ def build_frame(params: WaveformParams, payload: np.ndarray) -> tuple[np.ndarray
     frame[layout.preamble_start : layout.preamble_start + params.preamble.size] = params.preamble
     frame[layout.pilot_idx] = params.pilot_block()[None, :]
     frame[layout.payload_idx] = x
-    frame[layout.postamble_start : layout.postamble_start + params.zc_length] = params.postamble
+    frame[layout.postamble_start : layout.postamble_start + params.postamble.size] = (
+        params.postamble
+    )
     return frame, layout

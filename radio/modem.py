@@ -24,6 +24,7 @@ from radio.sync import (
     coarse_sync,
     correct_cfo,
     fine_timing,
+    refine_timing,
 )
 from radio.units import linear_to_db
 
@@ -115,7 +116,17 @@ def demodulate(
     post_guess = t_pre + span * sps
     slack = int(np.ceil(span * sps * MAX_SRO_PPM * 1e-6)) + 2 * sps
     t_post, _ = fine_timing(mf, params.postamble, sps, post_guess, half_window=slack)
+    # Refine both ends on their inner repetitions (unbiased, see refine_timing), twice:
+    # the second pass spaces the reference symbols by the measured clock ratio.
+    zc = params.zc_length
+    inner_pre = params.preamble[zc : (params.preamble_repeats - 1) * zc]
+    inner_post = params.postamble[:zc]
     scale = (t_post - t_pre) / (span * sps)
+    for _ in range(2):
+        period = zc * sps * scale
+        t_pre = refine_timing(mf, inner_pre, sps * scale, t_pre + period) - period
+        t_post = refine_timing(mf, inner_post, sps * scale, t_post + period) - period
+        scale = (t_post - t_pre) / (span * sps)
     # scale < 1: the receiver's clock runs fast (sees the frame shorter).
     sro_ppm = (1.0 / scale - 1.0) * 1e6
     if abs(sro_ppm) > MAX_SRO_PPM:

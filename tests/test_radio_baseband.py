@@ -1,0 +1,166 @@
+"""Baseband: pulse, framing, synchronisation and pilot estimation (numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from radio.estimation import estimate_from_pilots, smooth_gains
+from radio.framing import WaveformParams, build_frame, frame_layout, zadoff_chu
+from radio.modem import demodulate, modulate, pulse_taps
+from radio.pulse import matched_filter, rrc_taps, sample_at
+from radio.sync import SyncError
+
+
+def _payload(n: int, rng: np.random.Generator) -> np.ndarray:
+    return (rng.standard_normal(n) + 1j * rng.standard_normal(n)) / np.sqrt(2)
+
+
+@pytest.mark.parametrize("sps,beta", [(4, 0.35), (5, 0.25), (8, 0.5)])
+def test_rrc_unit_energy_and_nyquist(sps: int, beta: float) -> None:
+    g = rrc_taps(sps, beta, 16)
+    assert np.sum(g**2) == pytest.approx(1.0, abs=1e-12)
+    assert np.allclose(g, g[::-1])
+    rc = np.convolve(g, g)
+    mid = rc.size // 2
+    assert rc[mid] == pytest.approx(1.0, abs=1e-12)
+    # Zero crossings of the raised cosine at multiples of the symbol period (truncation ISI).
+    others = rc[mid % sps :: sps]
+    others = np.delete(others, mid // sps)
+    assert np.sum(others**2) < 1e-4
+
+
+def test_rrc_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="rolloff"):
+        rrc_taps(4, 0.0, 16)
+    with pytest.raises(ValueError, match="span_symbols"):
+        rrc_taps(4, 0.3, 15)
+    with pytest.raises(ValueError, match="waveform.pilots_per_block"):
+        WaveformParams(pilots_per_block=1)
+
+
+def test_zadoff_chu_constant_amplitude_zero_autocorrelation() -> None:
+    z = zadoff_chu(37, 5)
+    assert np.allclose(np.abs(z), 1.0)
+    circ = [abs(np.vdot(z, np.roll(z, k))) for k in range(1, 37)]
+    assert max(circ) < 1e-9
+
+
+@pytest.mark.parametrize("n", [1, 95, 96, 97, 1000, 10920])
+def test_frame_layout_partitions_the_frame(n: int) -> None:
+    p = WaveformParams()
+    lay = frame_layout(p, n)
+    used = np.concatenate(
+        [
+            np.arange(lay.preamble_start, lay.preamble_start + p.preamble.size),
+            lay.pilot_idx.ravel(),
+            lay.payload_idx,
+            np.arange(lay.postamble_start, lay.postamble_start + p.zc_length),
+        ]
+    )
+    assert np.unique(used).size == used.size
+    assert used.min() == p.guard_symbols
+    assert used.max() == lay.n_symbols - p.guard_symbols - 1
+    assert np.unique(used).size == lay.n_symbols - 2 * p.guard_symbols
+    c = lay.pilot_centers()
+    assert c[0] < lay.payload_idx[0] <= lay.payload_idx[-1] < c[-1]
+    x = np.arange(n) + 1j
+    frame, _ = build_frame(p, x)
+    assert np.array_equal(frame[lay.payload_idx], x)
+
+
+def test_noiseless_round_trip_recovers_payload() -> None:
+    p = WaveformParams()
+    x = _payload(3000, np.random.default_rng(0))
+    tx, _ = modulate(p, x)
+    rx = np.concatenate([np.zeros(333), tx, np.zeros(200)])
+    out = demodulate(p, rx, x.size)
+    err = np.mean(np.abs(out.payload / out.state.gain - x) ** 2)
+    assert err < 10 ** (-3.8)  # distortion floor (truncated RRC, interpolation) below -38 dB
+    assert out.info["timing_samples"] == pytest.approx(333, abs=0.05)
+
+
+@pytest.mark.parametrize("cfo_hz", [-2000.0, -700.0, 0.0, 1300.0, 2000.0])
+@pytest.mark.parametrize("delay_frames", [0.0, 0.37, 1.0])
+def test_sync_recovers_cfo_and_timing(cfo_hz: float, delay_frames: float) -> None:
+    """CFO up to +-2 kHz at 1 MS/s and timing offsets up to one frame, at 15 dB."""
+    p = WaveformParams()
+    rng = np.random.default_rng(int(cfo_hz) + int(100 * delay_frames) + 5000)
+    x = _payload(2000, rng)
+    tx, _ = modulate(p, x)
+    delay = int(delay_frames * tx.size)
+    rx = np.concatenate([np.zeros(delay), tx, np.zeros(300)])
+    rx = rx * np.exp(2j * np.pi * cfo_hz / p.sample_rate_hz * np.arange(rx.size) + 0.7j)
+    n0 = 10**-1.5
+    rx = rx + np.sqrt(n0 / 2) * (rng.standard_normal(rx.size) + 1j * rng.standard_normal(rx.size))
+    out = demodulate(p, rx, x.size)
+    assert out.info["cfo_est_hz"] == pytest.approx(cfo_hz, abs=20.0)
+    assert out.info["timing_samples"] == pytest.approx(delay, abs=0.5)
+    nmse = np.mean(np.abs(out.payload / out.state.gain - x) ** 2)
+    assert 10 * np.log10(nmse) == pytest.approx(-15.0, abs=1.0)
+
+
+def test_noise_only_buffer_raises_sync_error() -> None:
+    rng = np.random.default_rng(1)
+    p = WaveformParams()
+    noise = rng.standard_normal(40000) + 1j * rng.standard_normal(40000)
+    with pytest.raises(SyncError, match="no frame found"):
+        demodulate(p, noise, 2000)
+
+
+def test_sample_at_is_band_limited_interpolation() -> None:
+    p = WaveformParams()
+    x = _payload(1500, np.random.default_rng(2))
+    tx, _ = modulate(p, x)
+    mf = matched_filter(tx, pulse_taps(p))
+    shift = 0.37
+    t = np.arange(1000, 5000, dtype=float)
+    fine = sample_at(mf, t + shift)
+    # Reference: exact fractional delay in the frequency domain.
+    f = np.fft.fftfreq(mf.size)
+    ref = np.fft.ifft(np.fft.fft(mf) * np.exp(2j * np.pi * f * shift))[1000:5000]
+    assert np.mean(np.abs(fine - ref) ** 2) / np.mean(np.abs(ref) ** 2) < 1e-4
+
+
+def test_pilot_noise_interval_is_exact_chi_square() -> None:
+    """Coverage of the N0 interval over many synthetic frames (closed form: 95 %)."""
+    rng = np.random.default_rng(3)
+    p = WaveformParams().pilot_block()
+    n0, trials, blocks = 0.2, 4000, 20
+    hits = lower_ok = 0
+    for _ in range(trials):
+        h = complex(rng.standard_normal(), rng.standard_normal())
+        noise = rng.standard_normal((blocks, p.size)) + 1j * rng.standard_normal((blocks, p.size))
+        y = h * p[None, :] + np.sqrt(n0 / 2) * noise
+        est = estimate_from_pilots(y, p, 0.95)
+        hits += est.noise_var_lower <= n0 <= est.noise_var_upper
+        lower_ok += est.noise_var_lower <= n0
+        assert est.dof == 2 * blocks * (p.size - 1)
+    # Binomial(4000, 0.95): sd 0.34 %; 4 sd either side.
+    assert abs(hits / trials - 0.95) < 0.014
+    assert lower_ok / trials > 0.975 - 0.01
+
+
+def test_pilot_noise_estimate_unbiased_and_gain_bound() -> None:
+    rng = np.random.default_rng(4)
+    p = WaveformParams().pilot_block()
+    n0 = 0.05
+    h = 0.8 * np.exp(0.3j) * np.ones(50)
+    noise = rng.standard_normal((50, p.size)) + 1j * rng.standard_normal((50, p.size))
+    y = h[:, None] * p[None, :] + np.sqrt(n0 / 2) * noise
+    est = estimate_from_pilots(y, p, 0.95)
+    sd = n0 * np.sqrt(2 / est.dof)
+    assert est.noise_var == pytest.approx(n0, abs=4 * sd)
+    assert np.allclose(est.block_gain, h, atol=6 * np.sqrt(n0 / p.size))
+    assert est.gain_power_upper >= 0.64
+    chi_lo = stats.chi2.ppf(0.025, est.dof)
+    assert est.noise_var_upper == pytest.approx(est.noise_var * est.dof / chi_lo)
+
+
+def test_smoothing_keeps_constant_and_shrinks_noise() -> None:
+    g = np.full(30, 0.5 - 0.2j)
+    assert np.allclose(smooth_gains(g, 5), g)
+    rng = np.random.default_rng(5)
+    noisy = g + 0.1 * (rng.standard_normal(30) + 1j * rng.standard_normal(30))
+    assert np.var(smooth_gains(noisy, 5)[2:-2]) < np.var(noisy) / 2

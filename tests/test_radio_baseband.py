@@ -56,7 +56,7 @@ def test_frame_layout_partitions_the_frame(n: int) -> None:
             np.arange(lay.preamble_start, lay.preamble_start + p.preamble.size),
             lay.pilot_idx.ravel(),
             lay.payload_idx,
-            np.arange(lay.postamble_start, lay.postamble_start + p.zc_length),
+            np.arange(lay.postamble_start, lay.postamble_start + p.postamble.size),
         ]
     )
     assert np.unique(used).size == used.size

@@ -120,7 +120,6 @@ def test_measured_power_respects_the_expected_bound(
 ) -> None:
     cfg = load_experiment(None, [*tiny_overrides, "scheme=ee-dp-fl", "rounds=2"])
     run_experiment(cfg, tmp_path / "run")
-    hw = load_hardware("sim")
     for m in RunDir.open(tmp_path / "run").metrics():
         for dev in m["devices"]:
             airtime = dev["airtime_s"]

@@ -22,6 +22,7 @@ Problems are built once per (family, structure) with cvxpy parameters and re-sol
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -139,7 +140,11 @@ def solve_gp(family: str, inputs: GPInputs, *, solver: str | None = None) -> GPR
             raise GPError(f"GP coefficient {name} = {val!r} must be finite and > 0")
         v[name].value = val
     try:
-        prob.solve(gp=True, solver=solver or cp.CLARABEL)
+        with warnings.catch_warnings():
+            # OPTIMAL_INACCURATE is accepted below and says so in GPResult.status; the
+            # closed-form step re-checks feasibility exactly, so cvxpy's warning adds nothing.
+            warnings.simplefilter("ignore", UserWarning)
+            prob.solve(gp=True, solver=solver or cp.CLARABEL)
     except cp.error.SolverError as exc:
         raise GPError(f"GP solver failed: {exc}") from exc
     if prob.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):

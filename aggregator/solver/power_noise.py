@@ -102,7 +102,9 @@ class _Terms:
         return np.minimum(np.where(r1 <= self.b0, r1, other), self.top)
 
     def a_of(self, b: np.ndarray) -> np.ndarray:
-        return np.maximum(0.0, self.c4 * b - self.t * self.n)
+        a = self.c4 * b - self.t * self.n
+        # b = b0 up to rounding means no artificial noise (a ~ 1e-19 is an artefact).
+        return np.where(a > 1e-12 * self.t * self.n, a, 0.0)
 
     def g_of(self, b: np.ndarray) -> np.ndarray:
         return (self.tq * self.a_of(b) + self.n) / b

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import sigmf
 from sigmf import SigMFFile
 from sigmf.sigmffile import fromfile
 
@@ -73,23 +74,24 @@ def write_recording(
     meta = SigMFFile(
         data_file=str(data_path),
         global_info={
-            SigMFFile.DATATYPE_KEY: "cf32_le",
-            SigMFFile.SAMPLE_RATE_KEY: float(sample_rate_hz),
-            SigMFFile.HW_KEY: hw,
-            SigMFFile.RECORDER_KEY: f"dpfl-testbed {link} link",
-            SigMFFile.DESCRIPTION_KEY: f"received upload of device {device}, round {round_index}",
-            SigMFFile.AUTHOR_KEY: "dpfl-testbed",
+            sigmf.DATATYPE_KEY: "cf32_le",
+            sigmf.SAMPLE_RATE_KEY: float(sample_rate_hz),
+            sigmf.HW_KEY: hw,
+            sigmf.RECORDER_KEY: f"dpfl-testbed {link} link",
+            sigmf.DESCRIPTION_KEY: f"received upload of device {device}, round {round_index}",
+            sigmf.AUTHOR_KEY: "dpfl-testbed",
+            sigmf.EXTENSIONS_KEY: [{"name": NS, "version": "0.1.0", "optional": True}],
         },
     )
     meta.add_capture(
         0,
         metadata={
-            SigMFFile.FREQUENCY_KEY: float(center_freq_hz),
-            SigMFFile.DATETIME_KEY: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            sigmf.FREQUENCY_KEY: float(center_freq_hz),
+            sigmf.DATETIME_KEY: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         },
     )
     annotation: dict[str, object] = {
-        SigMFFile.LABEL_KEY: recording_stem(device, round_index),
+        sigmf.LABEL_KEY: recording_stem(device, round_index),
         f"{NS}:device": int(device),
         f"{NS}:round": int(round_index),
         f"{NS}:n_payload": int(n_payload),
@@ -124,8 +126,8 @@ def read_recording(directory: Path, device: int, round_index: int) -> Recording:
     ours = {k.split(":", 1)[1]: v for k, v in ann.items() if k.startswith(f"{NS}:")}
     return Recording(
         samples=samples,
-        sample_rate_hz=float(glob[SigMFFile.SAMPLE_RATE_KEY]),
-        center_freq_hz=float(capture[SigMFFile.FREQUENCY_KEY]),
+        sample_rate_hz=float(glob[sigmf.SAMPLE_RATE_KEY]),
+        center_freq_hz=float(capture[sigmf.FREQUENCY_KEY]),
         device=int(ours["device"]),
         round_index=int(ours["round"]),
         n_payload=int(ours["n_payload"]),

@@ -43,6 +43,11 @@ from testbed.rundir import RunDir
 from testbed.schemes import resolve_uplinks
 from testbed.seeding import Stream, experiment_generator, new_run_secret
 
+
+class TrainingDiverged(RuntimeError):
+    """Local training produced non-finite weights (the run ends with status 'diverged')."""
+
+
 #: Called after every round with the round's metrics line.
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -156,6 +161,7 @@ class Experiment:
             )
             for up in self.uplinks
         ]
+        self.diverged_reason = ""
         self.book: PrivacyBook | None = None
         if any(up.mechanism != "none" for up in self.uplinks):
             self.book = PrivacyBook(
@@ -202,6 +208,9 @@ class Experiment:
         except KeyboardInterrupt:
             status = "interrupted"
             raise
+        except TrainingDiverged as exc:
+            status = "diverged"
+            self.diverged_reason = str(exc)
         finally:
             if bar is not None:
                 bar.close()
@@ -277,6 +286,8 @@ class Experiment:
                     self.w, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, rng=r
                 ),
             )
+            if not (np.isfinite(local.mean_loss) and np.all(np.isfinite(local.differential))):
+                raise TrainingDiverged(f"device {i} round {t}: non-finite loss or update")
             losses.append(local.mean_loss)
             q_rng = experiment_generator(cfg.seed, Stream.QUANTIZER, i, t)
             upload = timer.timed(
@@ -375,6 +386,7 @@ class Experiment:
             devices.append(entry)
         return {
             "status": status,
+            **({"reason": self.diverged_reason} if status == "diverged" else {}),
             "scheme": self.cfg.scheme,
             "link": link_name(self.cfg, self.hw),
             "rounds_completed": completed,

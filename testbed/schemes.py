@@ -183,6 +183,8 @@ def resolve_uplinks(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[D
         epsilon target.
     """
     spec = SCHEMES[cfg.scheme]
+    if cfg.plan is not None:
+        return uplinks_from_plan(cfg, hw, d)
     l = kept_coordinates(cfg, d)
     levels = quant_levels(cfg)
     if spec.noise == "none":
@@ -302,3 +304,61 @@ def calibrate_sigma(
         if hi - lo <= 1e-6 * hi:
             break
     return hi, (alpha if alpha is not None else eps_at(hi)[1])
+
+
+def uplinks_from_plan(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[DeviceUplink]:
+    """Per-device settings from a ``testbed plan`` file (``plan:`` key).
+
+    The plan fixes l, Q, alpha_i and sigma_i; the config must agree with it on everything
+    else the plan assumed (scheme, devices, rounds, H, d, Z, epsilon, delta, trusted
+    fraction), and each device's power is re-checked here against ``power.p_max_w``.
+    """
+    from aggregator.solver.plan_file import load_plan
+
+    plan = load_plan(cfg.plan)
+    spec = SCHEMES[cfg.scheme]
+    checks = [
+        ("scheme", cfg.scheme, plan.scheme),
+        ("devices", cfg.devices, plan.n_devices),
+        ("rounds", cfg.rounds, plan.K),
+        ("local_steps", cfg.local_steps, plan.H),
+        ("clip.bound", cfg.clip.bound, plan.clip_bound),
+        ("privacy.epsilon", cfg.privacy.epsilon, plan.epsilon_target),
+        ("privacy.delta", cfg.privacy.delta, plan.delta),
+        ("model size d", d, plan.d),
+    ]
+    if spec.credit_channel:
+        checks.append(
+            ("privacy.trusted_channel_noise", cfg.privacy.trusted_channel_noise, plan.trusted)
+        )
+    for key, have, want in checks:
+        if have != want and not (
+            isinstance(have, float) and isinstance(want, float) and math.isclose(have, want)
+        ):
+            raise ConfigError(
+                f"config key '{key}': got {have!r} but plan '{cfg.plan}' was made for "
+                f"{want!r}; set --set {key}={want} or re-plan"
+            )
+    trusted = plan.trusted if spec.credit_channel else 0.0
+    p_units = cfg.power.p_max_w / hw.tx_power_ref_w
+    out = []
+    for dev in plan.devices:
+        power = expected_power_bound(
+            d=d,
+            l=plan.l,
+            levels=plan.Q,
+            alpha=dev.alpha,
+            clip=cfg.clip.bound,
+            sigma=dev.sigma,
+            mechanism=spec.noise,
+        )
+        if power > p_units * (1 + 1e-6):
+            raise ConfigError(
+                f"plan '{cfg.plan}': device {dev.id}'s alpha={dev.alpha} gives an expected "
+                f"power of {power * hw.tx_power_ref_w:.4g} W above power.p_max_w="
+                f"{cfg.power.p_max_w} W"
+            )
+        out.append(
+            DeviceUplink(spec.noise, dev.sigma, dev.alpha, plan.l, plan.Q, trusted, "norm", power)
+        )
+    return out

@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_privacy",
     "testbed.cli.cmd_radio",
     "testbed.cli.cmd_plan",
+    "testbed.cli.cmd_calibrate",
 )
 
 

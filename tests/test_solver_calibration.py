@@ -95,5 +95,7 @@ def test_calibrate_command_end_to_end(
     # The fit reproduces its own data to the reported error.
     pred = [saved["beta1"] * r["theta_qs"] + saved["beta2"] * r["kappa"]
             * (r["theta_qs"] * r["sigma2_mean"] + r["chan_mean"]) for r in saved["runs"]]
-    errs = [(p - r["uploads_needed"]) / r["uploads_needed"] for p, r in zip(pred, saved["runs"])]
-    assert np.sqrt(np.mean(np.square(errs))) == pytest.approx(saved["rms_relative_error"], rel=1e-6)
+    errs = [(p - r["uploads_needed"]) / r["uploads_needed"]
+            for p, r in zip(pred, saved["runs"], strict=True)]
+    rms = np.sqrt(np.mean(np.square(errs)))
+    assert rms == pytest.approx(saved["rms_relative_error"], rel=1e-6)

@@ -70,7 +70,9 @@ def fit_betas(runs: Sequence[PilotRun], *, relative: bool = True) -> BetaFit:
         With fewer than 2 runs, or runs whose regressors are not linearly independent.
     """
     if len(runs) < 2:
-        raise ValueError(f"runs: need at least 2 pilot runs that reached the target, got {len(runs)}")
+        raise ValueError(
+            f"runs: need at least 2 pilot runs that reached the target, got {len(runs)}"
+        )
     for i, r in enumerate(runs):
         if not (r.theta_qs >= 1 and r.kappa > 0 and r.sigma2_mean >= 0 and r.chan_mean >= 0
                 and r.uploads_needed >= 1 and math.isfinite(r.uploads_needed)):

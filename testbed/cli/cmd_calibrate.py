@@ -1,11 +1,12 @@
 """``testbed calibrate``: fit beta1, beta2 of the convergence model (25) from pilot runs.
 
 Runs the experiment config briefly at every combination of ``--theta-s``, ``--levels`` and
-``--sigmas`` (scheme ee-dp-fl, the given sigma, alpha at full power, paper accounting with a
-relaxed target so no budget stops a pilot), records the uploads each needed to reach a common training
-loss, and fits ``K = beta1 theta_qs + beta2 kappa (theta_qs s + m)`` by non-negative least
-squares (:mod:`aggregator.solver.calibration`). The output file keeps the fit and the data
-it came from; pass it to ``testbed plan`` through the scenario file's ``calibration:`` key.
+``--sigmas`` (scheme ee-dp-fl, the given sigma, alpha at full power, paper accounting
+with a relaxed target so no budget stops a pilot), records the uploads each needed to reach
+a common training loss, and fits ``K = beta1 theta_qs + beta2 kappa (theta_qs s + m)``
+by non-negative least squares (:mod:`aggregator.solver.calibration`). The output file keeps
+the fit and the data it came from; pass it to ``testbed plan`` through the scenario
+file's ``calibration:`` key.
 """
 
 from __future__ import annotations

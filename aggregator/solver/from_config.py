@@ -104,7 +104,8 @@ def scenario_from_config(
     if cfg.clip.mode != "coordinate":
         raise ConfigError(
             f"config key 'clip.mode': got {cfg.clip.mode!r}; the EE-DP-FL plan needs "
-            "'coordinate' (003 per-coordinate clipping, which the paper accounting assumes)"
+            "'coordinate' (003 per-coordinate clipping, which the paper accounting assumes); "
+            "use --set clip.mode=coordinate"
         )
     n = cfg.devices
     if sf.d is not None:

@@ -16,6 +16,7 @@ from testbed.config.loader import ConfigError
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_run",
+    "testbed.cli.cmd_bench",
     "testbed.cli.cmd_privacy",
     "testbed.cli.cmd_radio",
     "testbed.cli.cmd_plan",

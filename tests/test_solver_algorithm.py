@@ -55,13 +55,13 @@ def test_reported_alternation_energies_non_increasing(kw: dict) -> None:
 
 
 def brute_force(prob: alg.Problem) -> alg.IntegerPoint:
-    """Best integer plan over every Q in [q_min, q_max] and a 32-point log grid of l.
+    """Best integer plan over every Q in [q_min, q_max] and a 24-point log grid of l.
 
     For each (Q, l) the integer K is searched and (32) solved exactly; the grid, not the
     solver's continuous search, chooses the compression.
     """
     s = prob.scenario
-    ls = np.unique(np.round(np.geomspace(s.l_min, s.d, 32)).astype(int))
+    ls = np.unique(np.round(np.geomspace(s.l_min, s.d, 24)).astype(int))
     best = None
     for q in range(s.q_min, s.q_max + 1):
         for lv in ls:
@@ -74,7 +74,14 @@ def brute_force(prob: alg.Problem) -> alg.IntegerPoint:
 
 @pytest.mark.parametrize(
     "kw",
-    [{}, pytest.param({"trusted": 1.0, "epsilon": 5.0, "q_max": 24}, marks=pytest.mark.slow)],
+    [
+        {"q_max": 24},  # optimum without sparsification, Q = 20 interior
+        # optima with strong sparsification (l = 32 and l = 280 of 2000), Q = 1
+        {"beta1": 0.1295, "beta2": 9.924e-05, "epsilon": 0.5, "e_comp_j": 0.001, "q_max": 16},
+        {"beta1": 19.09, "beta2": 7.847e-06, "epsilon": 1.8, "trusted": 0.0, "e_comp_j": 0.0,
+         "q_max": 16},
+        pytest.param({"trusted": 1.0, "epsilon": 5.0, "q_max": 24}, marks=pytest.mark.slow),
+    ],
 )
 def test_integer_plan_within_two_percent_of_brute_force(kw: dict) -> None:
     scn = scenario(**kw)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radio.channel import Fading, awgn, draw_block_gains
+from radio.channel import Fading, draw_block_gains
 from radio.fading import clarke_gains, doppler_hz
 from radio.pulse import sample_at
 
-#: Fading gains are drawn on a grid this many samples apart and interpolated.
-_FADING_GRID = 32
+#: Largest spacing (samples) of the grid on which Doppler fading is evaluated.
+_FADING_GRID_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class EmulatedTruth:
     Attributes
     ----------
     gain
-        Channel gain per transmitted sample, ``complex128``, shape ``(n_tx,)``.
+        Channel gain per transmitted sample, ``complex64``, shape ``(n_tx,)``, or ``(1,)``
+        when it is constant over the upload.
     noise_var
         ``N0`` per complex sample.
     cfo_hz, delay_samples, sro_ppm
@@ -97,22 +98,43 @@ class EmulatedTruth:
     sro_ppm: float
 
 
+def _grid_interpolate(grid_values: np.ndarray, step: int, n: int) -> np.ndarray:
+    """Linear interpolation of values on a grid of ``step`` samples, ``complex64 (n,)``."""
+    g = grid_values.astype(np.complex64)
+    frac = (np.arange(step, dtype=np.float32) / step)[None, :]
+    out = g[:-1, None] + (g[1:] - g[:-1])[:, None] * frac
+    return out.ravel()[:n]
+
+
+def _rotator(n: int, cycles_per_sample: float, phase0: float) -> np.ndarray:
+    """``exp(j (2 pi f n + phase0))`` as ``complex64 (n,)``, built from two short tables."""
+    block = 1024
+    w = 2 * np.pi * cycles_per_sample
+    inner = np.exp(1j * w * np.arange(block))
+    outer = np.exp(1j * (w * block * np.arange(-(-n // block)) + phase0))
+    return (outer[:, None] * inner[None, :]).astype(np.complex64).ravel()[:n]
+
+
 def fading_gains(
     params: EmulatorParams, n: int, sample_rate_hz: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """Channel gain per transmitted sample, ``complex128``, shape ``(n,)``."""
+    """Channel gain per transmitted sample, ``complex64``, shape ``(n,)``; ``(1,)`` if flat."""
     if params.fading == "none":
-        return np.ones(n, dtype=np.complex128)
+        return np.ones(1, dtype=np.complex64)
     if params.speed_kmh > 0:
         fd = doppler_hz(params.speed_kmh, params.carrier_hz)
-        grid = np.arange(0, n + _FADING_GRID, _FADING_GRID)
+        # A grid point every 1/64 of a Doppler period (at most 4096, at least 8 samples):
+        # the process turns by <= 0.1 rad between points, linear interpolation errs < -60 dB.
+        step = int(np.clip(sample_rate_hz / (64.0 * fd), 8, _FADING_GRID_MAX))
+        grid = np.arange(0, n + 2 * step, step)
         k_db = params.rician_k_db if params.fading == "rician" else None
         g = clarke_gains(grid / sample_rate_hz, fd, rng, rician_k_db=k_db)
-        at = np.arange(n, dtype=np.float64)
-        return np.interp(at, grid, g.real) + 1j * np.interp(at, grid, g.imag)
+        return _grid_interpolate(g, step, n)
     block = params.coherence_samples or n
     blocks = draw_block_gains(params.fading, -(-n // block), rng, rician_k_db=params.rician_k_db)
-    return blocks[np.arange(n) // block]
+    if blocks.size == 1:
+        return blocks.astype(np.complex64)
+    return blocks.astype(np.complex64)[np.arange(n) // block]
 
 
 def emulate(
@@ -138,31 +160,39 @@ def emulate(
     Returns
     -------
     tuple
-        Received samples ``complex128`` shape ``(n_rx,)`` and the realised impairments.
+        Received samples ``complex64`` shape ``(n_rx,)`` (single precision, like a radio's
+        sample stream) and the realised impairments.
     """
-    s = np.asarray(samples, dtype=np.complex128)
+    s = np.asarray(samples)
     gain = fading_gains(params, s.size, sample_rate_hz, rng)
-    faded = s * gain
     delay = float(rng.uniform(0.0, params.delay_max_samples))
     cfo = params.cfo_hz + float(rng.uniform(-params.cfo_spread_hz, params.cfo_spread_hz))
     ratio = 1.0 + params.sro_ppm * 1e-6
     n_frame = int(np.floor((s.size - 1) / ratio)) + 1
     lead = int(np.ceil(delay))
     n_rx = lead + n_frame + params.tail_samples
-    rx = np.zeros(n_rx, dtype=np.complex128)
+    # Noise first, generated in place into the receive buffer (single precision).
+    rx = np.empty(n_rx, dtype=np.complex64)
+    flat = rx.view(np.float32)
+    if noise_var > 0:
+        rng.standard_normal(out=flat, dtype=np.float32)
+        flat *= np.float32(np.sqrt(noise_var / 2.0))
+    else:
+        flat[:] = 0.0
     if params.sro_ppm == 0.0 and delay == lead:
-        rx[lead : lead + s.size] = faded
+        sig = s.astype(np.complex64)
+        if params.fading != "none":
+            sig *= gain
     else:
         # Receiver sample m sees the transmitted signal at time (m - delay) * ratio.
-        m = np.arange(n_rx, dtype=np.float64)
-        t = (m - delay) * ratio
-        inside = (t >= 0) & (t <= s.size - 1)
-        padded = np.concatenate([np.zeros(16), faded, np.zeros(16)])
-        rx[inside] = sample_at(padded, t[inside] + 16)
+        t = (np.arange(lead, lead + n_frame, dtype=np.float64) - delay) * ratio
+        t = np.clip(t, 0.0, s.size - 1)
+        faded = s.astype(np.complex64) * gain
+        padded = np.concatenate([np.zeros(16, np.complex64), faded, np.zeros(16, np.complex64)])
+        sig = sample_at(padded, t + 16).astype(np.complex64)
     phase0 = float(rng.uniform(-np.pi, np.pi))
-    rx *= np.exp(1j * (2 * np.pi * cfo / sample_rate_hz * np.arange(n_rx) + phase0))
-    if noise_var > 0:
-        rx += awgn(n_rx, noise_var, rng)
+    sig *= _rotator(n_frame + lead, cfo / sample_rate_hz, phase0)[lead:]
+    rx[lead : lead + sig.size] += sig
     truth = EmulatedTruth(
         gain=gain, noise_var=noise_var, cfo_hz=cfo, delay_samples=delay, sro_ppm=params.sro_ppm
     )

@@ -36,8 +36,8 @@ def test_emulator_noiseless_is_identity_without_impairments() -> None:
     s = unit_payload(5000, rng)
     rx, _ = emulate(s, EmulatorParams(delay_max_samples=0, tail_samples=10), 0.0, 1e6, rng)
     phase = rx[0] / s[0]
-    assert abs(abs(phase) - 1) < 1e-12
-    assert np.allclose(rx[: s.size], s * phase, atol=1e-12)
+    assert abs(abs(phase) - 1) < 1e-6
+    assert np.allclose(rx[: s.size], s * phase, atol=1e-5)  # complex64 samples
     assert np.all(rx[s.size :] == 0)
 
 

@@ -67,7 +67,7 @@ class ScenarioFile(BaseModel):
 def read_scenario_file(path: str | Path | None) -> ScenarioFile:
     """Parse and validate a scenario file (``None``: all defaults)."""
     if path is None:
-        return ScenarioFile()
+        return ScenarioFile.model_validate({})
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"scenario file '{p}' does not exist")

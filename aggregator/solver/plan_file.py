@@ -93,7 +93,7 @@ class SolverInfo(_Strict):
 class Plan(_Strict):
     """A validated plan (see the module docstring for every field)."""
 
-    format: Literal["dpfl-plan/1"] = PLAN_FORMAT
+    format: Literal["dpfl-plan/1"] = "dpfl-plan/1"
     scheme: Literal["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp"]
     family: Literal["qs", "s", "none"]
     T: int = Field(ge=1)

@@ -178,18 +178,18 @@ def build_plan(
             )
     regimes = pt.pn.regimes
     devices = [
-        DevicePlan(
+        DevicePlan.model_validate(dict(
             id=i, h=s.h[i], n0=s.n0[i], alpha=float(alpha[i]), sigma=float(sigma[i]),
             power_w=float(checks["power_w"][i]), p_max_w=s.p_max_w[i],
             e_comm_j=float(checks["e_comm_j"][i]), e_comp_j=s.e_comp_j[i],
             epsilon_paper=float(eps_paper[i]), epsilon_strict=eps_strict[i],
             regime=regimes[i],
-        )
+        ))
         for i in range(s.n_devices)
     ]
     e_comm = float(k * np.sum(checks["e_comm_j"]))
     e_comp = float(k * np.sum(s.e_comp_j))
-    return Plan(
+    return Plan.model_validate(dict(
         scheme=scheme, family=family, T=k * s.local_steps, K=k, H=s.local_steps, d=s.d,
         l=ip.l_value, Q=ip.q_levels, clip_bound=s.clip_bound, epsilon_target=s.epsilon,
         delta=s.delta, trusted=trusted, energy_j=e_comm + e_comp, energy_comm_j=e_comm,
@@ -201,7 +201,7 @@ def build_plan(
             alternation_energies=[float(e) for e in solved.trace.energies],
             continuous_energy_j=float(solved.continuous.energy_j), seconds=solved.seconds,
         ),
-    )
+    ))
 
 
 def evaluate_plan_values(

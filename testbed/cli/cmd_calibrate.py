@@ -96,7 +96,10 @@ def _calibrate(args: argparse.Namespace) -> int:
             )
         ups = resolve_uplinks(cfg, hw, d)
         n0 = [mean_n0_per_real(cfg, i) for i in range(cfg.devices)]
-        chan = sum(n / u.alpha**2 for n, u in zip(n0, ups, strict=True)) / len(ups)
+        alphas = [float(u.alpha) for u in ups if u.alpha is not None]
+        if len(alphas) != len(ups):
+            raise ConfigError(f"calibrate: pilot {k} has no fixed alpha (scheme without DP?)")
+        chan = sum(n / a**2 for n, a in zip(n0, alphas, strict=True)) / len(ups)
         l_val = ups[0].l
         theta_qs = d / l_val + (math.sqrt(d) / q) / math.sqrt(l_val / d)
         rows.append({"theta_s": ts, "levels": q, "sigma": sg, "l": l_val, "d": d,

@@ -127,3 +127,28 @@ def test_runner_consumes_the_plan(
         assert dev["sigma"] == pytest.approx(planned.sigma)
         assert dev["l"] == plan.l and dev["levels"] == plan.Q
         assert dev["epsilon_paper"] <= 50 * (1 + 1e-6)
+
+
+def test_scenario_from_config_units(tmp_path: Path) -> None:
+    """N0 per real coordinate = 10^(-snr/10) / 2; t_cm = 1/symbol rate; betas from a file."""
+    from aggregator.solver.from_config import read_scenario_file, scenario_from_config
+    from testbed.config.loader import load_experiment, load_hardware
+
+    cfg = load_experiment(None, ["devices=3", "snr_db=[10, 20, 30]", *DP_CLIP,
+                                 "privacy.trusted_channel_noise=0.5"])
+    hw = load_hardware(cfg.hw_config)
+    scn, notes = scenario_from_config(cfg, hw, read_scenario_file(None),
+                                      count_params=lambda _c: 1234)
+    assert scn.n0 == pytest.approx((0.05, 0.005, 0.0005))
+    assert scn.h == (1.0, 1.0, 1.0) and scn.d == 1234 and scn.trusted == 0.5
+    assert scn.t_cm_s == pytest.approx(1 / hw.symbol_rate_hz)
+    assert scn.tx_power_ref_w == hw.tx_power_ref_w
+    assert any("uncalibrated" in n for n in notes)
+    (tmp_path / "cal.yaml").write_text(yaml.safe_dump({"beta1": 7.0, "beta2": 2e-6}))
+    scn_file = tmp_path / "scn.yaml"
+    scn_file.write_text(yaml.safe_dump({"solver": {"calibration": "cal.yaml", "d": 99}}))
+    scn2, notes2 = scenario_from_config(cfg, hw, read_scenario_file(scn_file))
+    assert (scn2.beta1, scn2.beta2, scn2.d) == (7.0, 2e-6, 99)
+    with pytest.raises(ConfigError, match="clip.mode"):
+        scenario_from_config(load_experiment(None, ["clip.mode=norm"]), hw,
+                             read_scenario_file(scn_file))

@@ -93,7 +93,7 @@ class Problem:
         """Smallest K with a positive convergence budget (``K > beta1 theta_qs``), >= 1."""
         return max(1.0, self.scenario.beta1 * theta_qs(self.family, theta_q, theta_s))
 
-    def best_k(self, theta_q: float, theta_s: float, n_grid: int = 16) -> Point | None:
+    def best_k(self, theta_q: float, theta_s: float, n_grid: int = 12) -> Point | None:
         """Best continuous K for fixed compression: log grid, then bounded Brent."""
         k_lo = self.k_floor(theta_q, theta_s) * (1 + 1e-9)
         k_hi = float(self.scenario.k_max)
@@ -115,7 +115,7 @@ class Problem:
 
         if hi > lo:
             res = minimize_scalar(f, bounds=(lo, hi), method="bounded",
-                                  options={"xatol": 1e-10})
+                                  options={"xatol": 1e-8})
             cand = self.evaluate(math.exp(float(res.x)), theta_q, theta_s)
             if cand is not None and best is not None and cand.energy_j < best.energy_j:
                 best = cand

@@ -165,6 +165,11 @@ def build_plan(
     else:
         notes.append("aggregator.privacy not importable: epsilon_paper is the solver's own "
                      "closed form and epsilon_strict is not reported")
+    if k >= s.k_max:
+        notes.append(
+            f"K reached k_max = {s.k_max}: the energy still falls with more rounds (e.g. no "
+            "computing energy); the plan is a boundary point, set e_comp_j or k_max"
+        )
     strict_exceeds = None
     if epsilon_for is not None:
         over = [i for i, e in enumerate(eps_strict) if e is not None and e > s.epsilon]

@@ -32,7 +32,8 @@ from radio.waveform_channel import EmulatorParams, emulate
 GR_SCRIPT = r"""
 import sys, time
 from gnuradio import gr, blocks, channels
-n, repeats, fading, fdts = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
+n, repeats = int(sys.argv[1]), int(sys.argv[2])
+fading, fdts = sys.argv[3] == "1", float(sys.argv[4])
 best = float("inf")
 for _ in range(repeats):
     tb = gr.top_block()
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if args.samples < 10_000 or args.repeats < 1:
-        p.error(f"--samples must be >= 10000 and --repeats >= 1, got {args.samples}, {args.repeats}")
+        p.error(f"need --samples >= 10000 and --repeats >= 1, got {args.samples}, {args.repeats}")
     fs = 1e6
     speed, carrier = 20.0, 915e6
     fdts = speed / 3.6 * carrier / 299_792_458.0 / fs

@@ -162,6 +162,13 @@ class FlowgraphProcess:
             self.check_alive()
             raise FlowgraphError(f"flowgraph {self.script.name}: {method} failed: {exc}") from exc
 
+    def call_float(self, method: str, *args: object) -> float:
+        """:meth:`call` for a method that returns a number."""
+        value = self.call(method, *args)
+        if not isinstance(value, int | float):
+            raise FlowgraphError(f"flowgraph {self.script.name}: {method} returned {value!r}")
+        return float(value)
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop the flowgraph (SIGTERM, SIGKILL after ``grace_s``). Idempotent."""
         _terminate(self.proc, grace_s)

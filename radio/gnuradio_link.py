@@ -160,8 +160,8 @@ class GnuradioLink(FrameLink):
         if self.process is None:
             raise LinkError("gnuradio link is closed")
         return (
-            int(self.process.call("get_samples_in")),  # type: ignore[arg-type]
-            int(self.process.call("get_samples_out")),  # type: ignore[arg-type]
+            int(self.process.call_float("get_samples_in")),
+            int(self.process.call_float("get_samples_out")),
         )
 
     def close(self) -> None:

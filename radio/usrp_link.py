@@ -81,7 +81,7 @@ class _RxRing:
         self.total = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.connect(address)
@@ -135,7 +135,7 @@ class UsrpLink(FrameLink):
         self.tx_proc: FlowgraphProcess | None = None
         self.rx_proc: FlowgraphProcess | None = None
         self.ring: _RxRing | None = None
-        self.push = zmq.Context.instance().socket(zmq.PUSH)
+        self.push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
         in_address = f"tcp://127.0.0.1:{self.push.bind_to_random_port('tcp://127.0.0.1')}"
         out_address = f"tcp://127.0.0.1:{free_tcp_port()}"
@@ -159,8 +159,8 @@ class UsrpLink(FrameLink):
                  "--antenna", s.tx_antenna, "--in-address", in_address],
                 python=s.python,
             )
-            self.clock_offset_s = float(self.rx_proc.call("get_time_now")) - float(  # type: ignore[arg-type]
-                self.tx_proc.call("get_time_now")  # type: ignore[arg-type]
+            self.clock_offset_s = self.rx_proc.call_float("get_time_now") - (
+                self.tx_proc.call_float("get_time_now")
             )
         except (FlowgraphError, LinkError):
             self.close()
@@ -180,8 +180,8 @@ class UsrpLink(FrameLink):
                 "exceeds the DAC range; lower usrp.tx_amplitude or the power scaling"
             )
         try:
-            tx_time = float(self.tx_proc.call("get_time_now")) + s.burst_lead_s  # type: ignore[arg-type]
-            rx_now = float(self.rx_proc.call("get_time_now"))  # type: ignore[arg-type]
+            tx_time = self.tx_proc.call_float("get_time_now") + s.burst_lead_s
+            rx_now = self.rx_proc.call_float("get_time_now")
         except FlowgraphError as exc:
             raise LinkError(f"usrp link: {exc}") from exc
         expected = int((rx_now - self.start_time) * fs)

@@ -40,12 +40,12 @@ class SampleStream:
     """
 
     def __init__(self, out_address: str | None = None, flush: int = 512) -> None:
-        self.ctx = zmq.Context.instance()
-        self.push = self.ctx.socket(zmq.PUSH)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.push: zmq.Socket[bytes] = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
         port = self.push.bind_to_random_port("tcp://127.0.0.1")
         self.in_address = f"tcp://127.0.0.1:{port}"
-        self.pull: zmq.Socket | None = None
+        self.pull: zmq.Socket[bytes] | None = None
         self.flush = flush
         self.sent_total = 0
         self.received_total = 0

@@ -76,17 +76,14 @@ def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None
     name = link_name(exp, hw)
     if name == "symbol":
         return SymbolLink(channel_params(exp, hw))
-    common = {
-        "confidence": exp.privacy.n0_confidence,
-        "record_dir": record_dir,
-        "center_freq_hz": hw.center_freq_hz,
-        "hw_name": hw.name,
-    }
+    confidence = exp.privacy.n0_confidence
     if name == "waveform":
         from radio.waveform_link import WaveformLink
 
         return WaveformLink(
-            channel_params(exp, hw), waveform_params(hw), emulator_params(hw), **common
+            channel_params(exp, hw), waveform_params(hw), emulator_params(hw),
+            confidence=confidence, record_dir=record_dir, center_freq_hz=hw.center_freq_hz,
+            hw_name=hw.name,
         )
     if name == "gnuradio":
         from radio.gnuradio_link import GnuradioLink
@@ -100,7 +97,8 @@ def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None
             fading_seed=g.fading_seed,
             python=g.python,
             startup_timeout_s=g.startup_timeout_s,
-            **common,
+            confidence=confidence, record_dir=record_dir, center_freq_hz=hw.center_freq_hz,
+            hw_name=hw.name,
         )
     if name == "usrp":
         from radio.usrp_link import UsrpLink, UsrpSettings
@@ -122,5 +120,8 @@ def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None
             capture_margin_s=u.capture_margin_s,
             python=hw.gnuradio.python,
         )
-        return UsrpLink(waveform_params(hw), settings, **common)
+        return UsrpLink(
+            waveform_params(hw), settings, confidence=confidence, record_dir=record_dir,
+            center_freq_hz=hw.center_freq_hz, hw_name=hw.name,
+        )
     raise ValueError(f"link: got {name!r}; allowed: 'symbol', 'waveform', 'gnuradio', 'usrp'")

@@ -166,8 +166,8 @@ def cmd_loopback(args: argparse.Namespace) -> int:
     result = {
         "link": args.link, "hw_config": hw.name, "snr_db": args.snr_db, "cfo_hz": args.cfo_hz,
         "trials": args.trials, "n_symbols": args.n_symbols,
-        "nmse_db": float(linear_to_db(np.mean(nmse))),
-        "nmse_expected_db": float(linear_to_db(np.mean(expected))),
+        "nmse_db": float(linear_to_db(float(np.mean(nmse)))),
+        "nmse_expected_db": float(linear_to_db(float(np.mean(expected)))),
         "snr_est_db": float(np.mean(snr_est)),
         "n0_ci_coverage": float(np.mean(covered)),
         "samples_lost": int(lost),

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from aggregator.aggregate import average, global_update
-from aggregator.decoder import decode_differential
+from aggregator.decoder import decode_differential, project_coordinates
 from aggregator.evaluate import evaluate
 from aggregator.privacy import UploadEvent
 from aggregator.privacy_book import PrivacyBook
@@ -315,6 +315,11 @@ class Experiment:
                 "decode",
                 lambda rec=reception, u=upload: decode_differential(rec, u.header, self._mask),
             )
+            if cfg.project_decoded and cfg.clip.mode == "coordinate":
+                up = self.uplinks[i]
+                g_hat = project_coordinates(
+                    g_hat, (self.d / up.l) * cfg.clip.bound / np.sqrt(self.d)
+                )
             decoded.append(g_hat)
             info["energy_comm_j"] = (
                 upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz

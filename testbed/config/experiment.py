@@ -136,6 +136,14 @@ class ExperimentConfig(_Strict):
     train_samples: int | None = Field(None, ge=1, description="cap on training samples used")
     plan: str | None = Field(None, description="plan YAML from `testbed plan` (ee-dp-fl)")
     record: bool = Field(False, description="store received I/Q as SigMF")
+    project_decoded: bool = Field(
+        True,
+        description=(
+            "with clip.mode coordinate, clip each decoded coordinate to the range the sent "
+            "value could have without noise, (d/l) Z / sqrt(d) (post-processing: no privacy "
+            "cost); off = plain channel inversion of 003 eq. 14"
+        ),
+    )
     torch_threads: int = Field(
         1, ge=1, le=256, description="intra-op threads for training (1 avoids oversubscription)"
     )

@@ -203,35 +203,19 @@ def resolve_uplinks(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[D
             sigma, alpha = calibrate_sigma(
                 cfg, d, i, l, levels, trusted, scale, spec.noise, alpha, p_units
             )
+        shape = {
+            "d": d,
+            "l": l,
+            "levels": levels,
+            "clip": cfg.clip.bound,
+            "sigma": sigma,
+            "mechanism": spec.noise,
+        }
+        limit = max_alpha(**shape, p_max_units=p_units)
         if alpha is None:
-            alpha = max_alpha(
-                d=d,
-                l=l,
-                levels=levels,
-                clip=cfg.clip.bound,
-                sigma=sigma,
-                mechanism=spec.noise,
-                p_max_units=p_units,
-            )
-        power = expected_power_bound(
-            d=d,
-            l=l,
-            levels=levels,
-            alpha=alpha,
-            clip=cfg.clip.bound,
-            sigma=sigma,
-            mechanism=spec.noise,
-        )
+            alpha = limit
+        power = expected_power_bound(**shape, alpha=alpha)
         if power > p_units * (1 + 1e-9):
-            limit = max_alpha(
-                d=d,
-                l=l,
-                levels=levels,
-                clip=cfg.clip.bound,
-                sigma=sigma,
-                mechanism=spec.noise,
-                p_max_units=p_units,
-            )
             raise ConfigError(
                 f"config key 'power.alpha': got {alpha}; device {i}'s expected power "
                 f"{power * hw.tx_power_ref_w:.4g} W exceeds power.p_max_w={cfg.power.p_max_w} W "

@@ -9,8 +9,11 @@ explained in docs/solver.md:
 
 * the start is the best of a few compression settings, each with its best K (a GP needs a
   feasible (alpha, sigma) to start from);
+* the alternation usually stalls where it starts (with (alpha, sigma) frozen, privacy caps
+  K and convergence floors it), so :func:`compression_search` (a compass search over
+  (log theta_q, log theta_s) of the best-K energy) escapes, and the alternation runs again;
 * after the loop, K is re-optimised by a 1-D search with (32) solved exactly at each K
-  ("polish"); it can only lower the energy;
+  ("polish"); both can only lower the energy;
 * rounding (step 9): the printed ``floor`` may break convergence or privacy, so l and Q try
   floor and ceiling, K is searched over integers, (32) is re-solved for every candidate,
   and the best feasible one is kept ("repair").

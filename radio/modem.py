@@ -26,7 +26,7 @@ from radio.sync import (
     fine_timing,
     refine_timing,
 )
-from radio.units import linear_to_db
+from radio.units import db_to_linear, linear_to_db
 
 #: Largest sample-rate offset the receiver accepts as plausible (parts per million).
 MAX_SRO_PPM = 500.0
@@ -142,31 +142,35 @@ def demodulate(
     est = estimate_from_pilots(pilots_rx, params.pilot_block(), confidence)
     smoothed = smooth_gains(est.block_gain, params.pilot_smoothing)
     gain = interpolate_gain(layout.pilot_centers(), smoothed, layout.payload_idx.astype(float))
-    state = ChannelState(
-        gain=gain,
-        noise_var=est.noise_var,
-        noise_var_lower=est.noise_var_lower,
-        noise_var_upper=est.noise_var_upper,
-        estimated=True,
-        confidence=confidence,
-        gain_power_upper=est.gain_power_upper,
-    )
     # E|h_b|^2 = |h|^2 + N0 / Np: remove the estimation noise from the power estimate.
     mean_gain_power = max(
         float(np.mean(np.abs(est.block_gain) ** 2)) - est.noise_var / params.pilots_per_block,
         1e-12,
+    )
+    # Never credit the receiver's own distortion as noise (see WaveformParams).
+    allowance = float(db_to_linear(params.distortion_floor_db)) * mean_gain_power
+    credited_lower = max(est.noise_var_lower - allowance, 0.0)
+    state = ChannelState(
+        gain=gain,
+        noise_var=est.noise_var,
+        noise_var_lower=credited_lower,
+        noise_var_upper=est.noise_var_upper,
+        estimated=True,
+        confidence=confidence,
+        gain_power_upper=est.gain_power_upper,
     )
     cfo_hz = coarse.cfo_hz + _residual_cfo_hz(est.block_gain, params, scale)
     frame_start = t_pre - 2 * delay - layout.preamble_start * sps
     info = {
         "snr_est_db": float(linear_to_db(mean_gain_power / est.noise_var)),
         "snr_ci_lo_db": float(linear_to_db(mean_gain_power / est.noise_var_upper)),
-        "snr_ci_hi_db": float(linear_to_db(mean_gain_power / est.noise_var_lower)),
+        "snr_ci_hi_db": float(linear_to_db(mean_gain_power / max(credited_lower, 1e-300))),
         "cfo_est_hz": cfo_hz,
         "timing_samples": float(frame_start),
         "sro_ppm": float(sro_ppm),
         "detect_metric": coarse.metric,
         "n0_est": est.noise_var,
+        "n0_distortion_allowance": allowance,
     }
     return Demodulated(payload=payload, state=state, info=info)
 

@@ -164,3 +164,22 @@ def test_smoothing_keeps_constant_and_shrinks_noise() -> None:
     rng = np.random.default_rng(5)
     noisy = g + 0.1 * (rng.standard_normal(30) + 1j * rng.standard_normal(30))
     assert np.var(smooth_gains(noisy, 5)[2:-2]) < np.var(noisy) / 2
+
+
+@pytest.mark.parametrize("sro_ppm", [-50.0, 0.0, 50.0])
+def test_receiver_distortion_stays_below_the_credited_floor(sro_ppm: float) -> None:
+    """Noiseless frames: what the pilots see as 'noise' is the receiver's own distortion,
+    which must sit below ``distortion_floor_db`` (it is subtracted from the credited N0)."""
+    from radio.waveform_channel import EmulatorParams, emulate
+
+    p = WaveformParams()
+    rng = np.random.default_rng(int(sro_ppm) + 77)
+    x = _payload(4000, rng)
+    tx, _ = modulate(p, x)
+    em = EmulatorParams(cfo_spread_hz=2000.0, delay_max_samples=300.0, sro_ppm=sro_ppm)
+    for _ in range(4):
+        rx, _ = emulate(tx, em, 0.0, p.sample_rate_hz, rng)
+        out = demodulate(p, rx, x.size)
+        floor_db = 10 * np.log10(out.state.noise_var / out.state.mean_gain_power())
+        assert floor_db < p.distortion_floor_db - 3.0
+        assert out.state.noise_var_lower == 0.0  # nothing credited on a noiseless channel

@@ -42,6 +42,7 @@ def waveform_params(hw: HardwareConfig) -> WaveformParams:
         pilots_per_block=w.pilots_per_block,
         pilot_smoothing=w.pilot_smoothing,
         guard_symbols=w.guard_symbols,
+        distortion_floor_db=w.distortion_floor_db,
     )
 
 

@@ -108,3 +108,16 @@ def test_loopback_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> N
     assert "--trials" in capsys.readouterr().err
     assert main(["radio", "loopback", "--link", "waveform", "--snr-db", "500"]) == 2
     assert "SNR" in capsys.readouterr().err
+
+
+def test_loopback_sweeps_the_darkroom_snr_list(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["radio", "loopback", "--link", "waveform", "--hw", "darkroom", "--n-symbols",
+               "2000", "--delay-samples", "50", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert [p["snr_db"] for p in out["sweep"]] == load_hardware("darkroom").snr_sweep_db
+    # A deep fade may lose a frame at low SNR; from 10 dB up the estimates rise with the SNR.
+    est = [p["snr_est_db"] for p in out["sweep"] if p["snr_db"] >= 10]
+    assert all(b > a for a, b in zip(est, est[1:], strict=False))
+    assert main(["radio", "loopback", "--link", "waveform"]) == 2
+    assert "snr_sweep_db" in capsys.readouterr().err

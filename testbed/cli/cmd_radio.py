@@ -122,21 +122,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok_all else 1
 
 
-def cmd_loopback(args: argparse.Namespace) -> int:
-    """Send a known payload over a link and report what came back."""
-    if args.trials < 1:
-        raise ConfigError(f"--trials: got {args.trials}; allowed: >= 1")
-    if args.n_symbols < 1:
-        raise ConfigError(f"--n-symbols: got {args.n_symbols}; allowed: >= 1")
-    exp = load_experiment(None, [f"link={args.link}", f"snr_db={args.snr_db}", "devices=1"])
+def _loopback_once(args: argparse.Namespace, snr_db: float) -> dict[str, Any]:
+    exp = load_experiment(None, [f"link={args.link}", f"snr_db={snr_db}", "devices=1"])
     hw_over = [f"waveform.cfo_hz={args.cfo_hz}", "waveform.cfo_spread_hz=0"]
     if args.delay_samples is not None:
         hw_over.append(f"waveform.delay_max_samples={args.delay_samples}")
     hw = load_hardware(args.hw, hw_over)
     rng = np.random.default_rng(args.seed)
     nmse, expected, snr_est, covered, lost = [], [], [], [], 0
+    frames_lost: list[str] = []
     last: dict[str, Any] = {}
-    n0_true = 10 ** (-args.snr_db / 10)
+    n0_true = 10 ** (-snr_db / 10)
     with make_link(exp, hw) as link:
         for trial in range(args.trials):
             x = (rng.standard_normal(args.n_symbols) + 1j * rng.standard_normal(args.n_symbols))
@@ -144,8 +140,8 @@ def cmd_loopback(args: argparse.Namespace) -> int:
             try:
                 rec = link.transmit(device=0, round_index=trial, symbols=x, rng=rng)
             except LinkError as exc:
-                print(f"testbed radio loopback: {exc}", file=sys.stderr)
-                return 1
+                frames_lost.append(str(exc))
+                continue
             st = rec.state
             nmse.append(float(np.mean(np.abs(rec.symbols / st.gain - x) ** 2)))
             expected.append(float(np.mean(n0_true / np.abs(st.gain) ** 2)))
@@ -163,9 +159,14 @@ def cmd_loopback(args: argparse.Namespace) -> int:
                 snr_est[-1] = float(rec.info["snr_est_db"])
                 last["snr_ci_db"] = [float(rec.info["snr_ci_lo_db"]),
                                      float(rec.info["snr_ci_hi_db"])]
-    result = {
-        "link": args.link, "hw_config": hw.name, "snr_db": args.snr_db, "cfo_hz": args.cfo_hz,
-        "trials": args.trials, "n_symbols": args.n_symbols,
+    base = {
+        "link": args.link, "hw_config": hw.name, "snr_db": snr_db, "cfo_hz": args.cfo_hz,
+        "trials": args.trials, "n_symbols": args.n_symbols, "frames_lost": len(frames_lost),
+    }
+    if not nmse:
+        return {**base, "error": frames_lost[-1]}
+    return {
+        **base,
         "nmse_db": float(linear_to_db(float(np.mean(nmse)))),
         "nmse_expected_db": float(linear_to_db(float(np.mean(expected)))),
         "snr_est_db": float(np.mean(snr_est)),
@@ -173,8 +174,39 @@ def cmd_loopback(args: argparse.Namespace) -> int:
         "samples_lost": int(lost),
         **last,
     }
-    lines = [f"{k}: {v}" for k, v in result.items()]
-    _emit(result, args.json, lines)
+
+
+def cmd_loopback(args: argparse.Namespace) -> int:
+    """Send a known payload over a link and report what came back.
+
+    Without ``--snr-db`` the hardware config's ``snr_sweep_db`` is swept and the JSON object
+    holds one result per point under ``sweep``.
+    """
+    if args.trials < 1:
+        raise ConfigError(f"--trials: got {args.trials}; allowed: >= 1")
+    if args.n_symbols < 1:
+        raise ConfigError(f"--n-symbols: got {args.n_symbols}; allowed: >= 1")
+    if args.snr_db is None:
+        sweep = load_hardware(args.hw).snr_sweep_db
+        if not sweep:
+            raise ConfigError(
+                f"--snr-db: not given, and hardware config '{args.hw}' has no snr_sweep_db"
+            )
+    if args.snr_db is not None:
+        result = _loopback_once(args, args.snr_db)
+        if "error" in result:
+            print(f"testbed radio loopback: every frame lost: {result['error']}", file=sys.stderr)
+            return 1
+        _emit(result, args.json, [f"{k}: {v}" for k, v in result.items()])
+        return 0
+    points = [_loopback_once(args, float(s)) for s in sweep]
+    lines = [
+        f"{p['snr_db']:6.1f} dB: "
+        + (f"nmse {p['nmse_db']:7.2f} dB, snr_est {p['snr_est_db']:6.2f} dB"
+           if "error" not in p else f"frame lost ({p['error']})")
+        for p in points
+    ]
+    _emit({"link": args.link, "hw_config": args.hw, "sweep": points}, args.json, lines)
     return 0
 
 
@@ -198,7 +230,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     lb = sub.add_parser("loopback", help="send a known payload over a link")
     lb.add_argument("--link", required=True, choices=("symbol", "waveform", "gnuradio", "usrp"))
-    lb.add_argument("--snr-db", type=float, required=True, help="symbol SNR (dB)")
+    lb.add_argument("--snr-db", type=float, default=None,
+                    help="symbol SNR (dB); default: sweep the hw config's snr_sweep_db")
     lb.add_argument("--cfo-hz", type=float, default=0.0, help="carrier frequency offset (Hz)")
     lb.add_argument("--delay-samples", type=float, default=None,
                     help="maximum random leading delay (samples)")

@@ -39,6 +39,9 @@ class WaveformSection(_Strict):
     pilots_per_block: int = Field(8, ge=2, le=256)
     pilot_smoothing: int = Field(3, ge=1, le=63, description="pilot blocks averaged (odd)")
     guard_symbols: int = Field(12, ge=0, le=4096)
+    distortion_floor_db: float = Field(
+        -40.0, ge=-80, le=-20, description="receiver distortion not credited as noise (dB)"
+    )
     speed_kmh: float = Field(0.0, ge=0, le=1000, description="Doppler: speed (km/h)")
     cfo_hz: float = Field(0.0, ge=-1e5, le=1e5, description="emulated carrier offset (Hz)")
     cfo_spread_hz: float = Field(0.0, ge=0, le=1e5, description="+- uniform extra CFO (Hz)")

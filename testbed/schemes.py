@@ -299,6 +299,8 @@ def uplinks_from_plan(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list
     """
     from aggregator.solver.plan_file import load_plan
 
+    if cfg.plan is None:
+        raise ValueError("uplinks_from_plan needs a config with a plan")
     plan = load_plan(cfg.plan)
     spec = SCHEMES[cfg.scheme]
     checks = [

@@ -1,0 +1,67 @@
+"""The ``usrp`` link's parts that run without a radio: refusal, ring buffer, burst layout."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from radio.framing import WaveformParams
+from radio.link import LinkError
+from radio.uhd_probe import find_usrps
+from radio.usrp_link import UsrpLink, UsrpSettings, _RxRing, burst_header
+
+
+def test_usrp_link_refuses_clearly_without_a_device() -> None:
+    args = "addr=192.0.2.77"  # TEST-NET-1: never a real radio
+    if find_usrps(args).devices:
+        pytest.skip("a device answered at a documentation address")
+    settings = UsrpSettings(
+        tx_args=args, rx_args=args, center_freq_hz=915e6, sample_rate_hz=1e6,
+        tx_gain_db=0.0, rx_gain_db=0.0,
+    )
+    expected = r"no USRP found for the transmitter \('addr=192\.0\.2\.77'\)"
+    with pytest.raises(LinkError, match=expected):
+        UsrpLink(WaveformParams(), settings)
+
+
+def test_usrp_link_checks_the_sample_rate_first() -> None:
+    settings = UsrpSettings(
+        tx_args="", rx_args="", center_freq_hz=915e6, sample_rate_hz=2e6,
+        tx_gain_db=0.0, rx_gain_db=0.0,
+    )
+    with pytest.raises(ValueError, match="sample rate"):
+        UsrpLink(WaveformParams(), settings)
+
+
+def test_rx_ring_keeps_absolute_sample_indices() -> None:
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    ring = _RxRing(f"tcp://127.0.0.1:{port}", capacity=1000)
+    try:
+        data = np.arange(2500, dtype=np.float32).astype(np.complex64)
+        for chunk in np.array_split(data, 7):
+            push.send(chunk.tobytes())
+        got = ring.read(2000, 300, timeout_s=5.0)
+        assert np.array_equal(got, data[2000:2300])
+        with pytest.raises(LinkError, match="overwritten"):
+            ring.read(100, 10, timeout_s=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(LinkError, match="stalled"):
+            ring.read(2400, 500, timeout_s=0.3)
+        assert time.monotonic() - t0 < 3
+    finally:
+        ring.close()
+        push.close(0)
+
+
+def test_burst_header_refuses_bad_bursts() -> None:
+    with pytest.raises(ValueError):
+        burst_header(0, 1.0)
+    with pytest.raises(ValueError):
+        burst_header(10, -1.0)
+    assert burst_header(5, 1.5).dtype == np.complex64

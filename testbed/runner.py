@@ -26,7 +26,7 @@ from aggregator.privacy_book import PrivacyBook
 from edge_device.trainer import LocalTrainer
 from edge_device.uplink import UplinkEncoder, UplinkSettings
 from radio.analog import n_symbols_for
-from radio.link import ChannelState, Link, Reception
+from radio.link import ChannelState, Link, LinkError, Reception
 from radio.units import linear_to_db
 from testbed import __version__
 from testbed.config.experiment import ExperimentConfig
@@ -296,12 +296,22 @@ class Experiment:
                     g, device=i, round_index=t, quant_rng=r
                 ),
             )
-            reception = timer.timed(
-                "link",
-                lambda u=upload, i=i: link.transmit(
-                    device=i, round_index=t, symbols=u.symbols, rng=ch_rngs[i]
-                ),
-            )
+            try:
+                reception = timer.timed(
+                    "link",
+                    lambda u=upload, i=i: link.transmit(
+                        device=i, round_index=t, symbols=u.symbols, rng=ch_rngs[i]
+                    ),
+                )
+            except LinkError as exc:
+                # The device transmitted but the receiver lost the upload (e.g. a deep fade
+                # on the preamble): it still counts for privacy, with no channel credit.
+                if self.book is not None:
+                    self.book.commit(self._event(i, t, None))
+                per_device.append(
+                    {"device": i, "transmitted": True, "lost": True, "error": str(exc)}
+                )
+                continue
             info = reception_metrics(reception, upload.symbols)
             info["device"] = i
             info["transmitted"] = True
@@ -331,10 +341,13 @@ class Experiment:
         self.w = timer.timed(
             "aggregate", lambda: global_update(self.w, average(decoded, cfg.devices), cfg.lr)
         )
+        received = len(decoded)
+        if not decoded:
+            decoded.append(np.zeros(self.d))  # every upload of the round was lost
         line: dict[str, Any] = {
             "round": t,
             "train_loss": float(np.mean(losses)),
-            "uploads": len(decoded),
+            "uploads": received,
         }
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds:
             ev = timer.timed(

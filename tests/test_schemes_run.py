@@ -162,3 +162,35 @@ def test_privacy_noise_does_not_follow_the_experiment_seed(
     assert (tmp_path / "a" / "ledger.jsonl").read_text() == (
         tmp_path / "b" / "ledger.jsonl"
     ).read_text()
+
+
+def test_lost_upload_is_counted_without_channel_credit(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame the receiver loses still went on air: it is in the ledger, uncredited."""
+    from radio.link import LinkError
+    from radio.symbol_link import SymbolLink
+
+    real = SymbolLink.transmit
+
+    def lossy(self, *, device, round_index, symbols, rng):  # type: ignore[no-untyped-def]
+        if device == 1 and round_index == 0:
+            raise LinkError("no frame found (deep fade on the preamble)")
+        return real(self, device=device, round_index=round_index, symbols=symbols, rng=rng)
+
+    monkeypatch.setattr(SymbolLink, "transmit", lossy)
+    cfg = load_experiment(None, [*tiny_overrides, "scheme=channel-dp", "rounds=2"])
+    run_experiment(cfg, tmp_path / "run")
+    with Ledger.open(tmp_path / "run" / "ledger.jsonl") as ledger:
+        events = {(e.device, e.round): e for e in ledger.events()}
+    assert events[(1, 0)].trusted_channel_noise == 0.0 and events[(1, 0)].n0 == 0.0
+    # sigma was calibrated assuming the channel credit every round: having lost it once,
+    # device 1 would pass its target in round 1, so the guard keeps it silent.
+    assert (1, 1) not in events and len(events) == 2 * cfg.devices - 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for dev in summary["privacy"]["devices"]:
+        assert dev["epsilon_strict"] <= cfg.privacy.epsilon + 1e-9
+    assert events[(0, 0)].trusted_channel_noise == 1.0
+    first = RunDir.open(tmp_path / "run").metrics()[0]
+    assert first["uploads"] == cfg.devices - 1
+    assert first["devices"][1]["lost"] is True

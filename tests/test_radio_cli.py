@@ -44,14 +44,19 @@ def test_bad_hardware_keys_are_named(override: str, key: str) -> None:
         load_hardware("lab_ota", [override])
 
 
+#: Discovery is pointed at the loopback address: a test never sends UDP off the host
+#: (an empty filter would broadcast on every interface).
+LOOPBACK_ONLY = "addr=127.0.0.1"
+
+
 def test_probe_without_hardware_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["radio", "probe", "--json"])
+    rc = main(["radio", "probe", "--device-args", LOOPBACK_ONLY, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["fallback"] == ["gnuradio", "waveform"]
-    if not find_usrps().devices:
+    if not find_usrps(LOOPBACK_ONLY).devices:
         assert out["devices"] == []
-        rc = main(["radio", "probe"])
+        rc = main(["radio", "probe", "--device-args", LOOPBACK_ONLY])
         text = capsys.readouterr().out
         assert rc == 0 and "no USRP found" in text or "UHD not usable" in text
         assert "gnuradio" in text
@@ -76,8 +81,7 @@ def test_check_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize("link", ["symbol", "waveform"])
 def test_loopback_json(link: str, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["radio", "loopback", "--link", link, "--snr-db", "15", "--cfo-hz", "1500",
-               "--json"])
+    rc = main(["radio", "loopback", "--link", link, "--snr-db", "15", "--cfo-hz", "1500", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     for key in ("nmse_db", "snr_est_db", "snr_ci_db", "cfo_est_hz", "samples_lost"):
@@ -93,8 +97,9 @@ def test_loopback_json(link: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_loopback_gnuradio_json(capsys: pytest.CaptureFixture[str]) -> None:
     require_gnuradio()
-    rc = main(["radio", "loopback", "--link", "gnuradio", "--snr-db", "25", "--cfo-hz", "-2000",
-               "--json"])
+    rc = main(
+        ["radio", "loopback", "--link", "gnuradio", "--snr-db", "25", "--cfo-hz", "-2000", "--json"]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["samples_lost"] == 0
@@ -103,16 +108,28 @@ def test_loopback_gnuradio_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_loopback_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["radio", "loopback", "--link", "waveform", "--snr-db", "10",
-                 "--trials", "0"]) == 2
+    assert main(["radio", "loopback", "--link", "waveform", "--snr-db", "10", "--trials", "0"]) == 2
     assert "--trials" in capsys.readouterr().err
     assert main(["radio", "loopback", "--link", "waveform", "--snr-db", "500"]) == 2
     assert "SNR" in capsys.readouterr().err
 
 
 def test_loopback_sweeps_the_darkroom_snr_list(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["radio", "loopback", "--link", "waveform", "--hw", "darkroom", "--n-symbols",
-               "2000", "--delay-samples", "50", "--json"])
+    rc = main(
+        [
+            "radio",
+            "loopback",
+            "--link",
+            "waveform",
+            "--hw",
+            "darkroom",
+            "--n-symbols",
+            "2000",
+            "--delay-samples",
+            "50",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert [p["snr_db"] for p in out["sweep"]] == load_hardware("darkroom").snr_sweep_db

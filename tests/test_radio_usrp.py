@@ -15,14 +15,14 @@ from radio.usrp_link import UsrpLink, UsrpSettings, _RxRing, burst_header
 
 
 def test_usrp_link_refuses_clearly_without_a_device() -> None:
-    args = "addr=192.0.2.77"  # TEST-NET-1: never a real radio
+    args = "addr=127.0.0.1"  # loopback: discovery traffic never leaves the host
     if find_usrps(args).devices:
-        pytest.skip("a device answered at a documentation address")
+        pytest.skip("a device answered on the loopback address")
     settings = UsrpSettings(
         tx_args=args, rx_args=args, center_freq_hz=915e6, sample_rate_hz=1e6,
         tx_gain_db=0.0, rx_gain_db=0.0,
     )
-    expected = r"no USRP found for the transmitter \('addr=192\.0\.2\.77'\)"
+    expected = r"no USRP found for the transmitter \('addr=127\.0\.0\.1'\)"
     with pytest.raises(LinkError, match=expected):
         UsrpLink(WaveformParams(), settings)
 

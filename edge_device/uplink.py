@@ -6,7 +6,6 @@ device and round and returns the analog symbols plus the control-plane header.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from edge_device import noise
 from edge_device.clipping import clip
-from edge_device.compression import Compressor
+from edge_device.compression import Compressor, fixed_quantizer_scale
 from radio.analog import reals_to_symbols
 from testbed.protocol import UploadHeader
 
@@ -87,13 +86,6 @@ def unit_power_alpha(values: np.ndarray) -> float:
     return float(np.sqrt(n_sym / energy)) if energy > 0 else 1.0
 
 
-def fixed_quantizer_scale(settings: UplinkSettings, d: int, l: int) -> float:
-    """Public bound on the l2 norm of the sparsified clipped vector (``d / l`` scaled)."""
-    if settings.clip_mode == "coordinate":
-        return settings.clip_bound * math.sqrt(d / l)
-    return settings.clip_bound * d / l
-
-
 class UplinkEncoder:
     """Encodes a device's local differential into analog symbols.
 
@@ -118,8 +110,9 @@ class UplinkEncoder:
         self.settings = settings
         self.d = d
         self.compressor = Compressor(d=d, l=l, levels=settings.levels)
-        if self.compressor.sparsifies and not run_secret:
-            raise ValueError("sparsification needs the run secret")
+        self._compresses = self.compressor.sparsifies or settings.levels is not None
+        if self._compresses and not run_secret:
+            raise ValueError("compression needs the run secret (sparsification masks)")
         self.run_secret = run_secret
 
     def encode(
@@ -128,7 +121,7 @@ class UplinkEncoder:
         *,
         device: int,
         round_index: int,
-        quant_rng: np.random.Generator | None = None,
+        quant_rng: np.random.Generator,
     ) -> EncodedUpload:
         """Encode ``g`` (``(d,)``) for ``device`` in ``round_index``.
 
@@ -144,17 +137,19 @@ class UplinkEncoder:
         if s.mechanism == "before" and s.sigma > 0:
             values = values + noise.gaussian(self.d, s.sigma)
         norm: float | None = None
-        if comp.sparsifies or comp.levels is not None:
-            if comp.levels is not None and quant_rng is None:
-                raise ValueError("quantization needs quant_rng")
+        if self._compresses:
             scale = (
-                fixed_quantizer_scale(s, self.d, comp.l)
+                fixed_quantizer_scale(clip=s.clip_bound, d=self.d, l=comp.l, clip_mode=s.clip_mode)
                 if s.quantizer_scale == "fixed" and comp.levels is not None
                 else None
             )
             enc = comp.encode(
-                values, run_secret=self.run_secret or "unused", device=device,
-                round_index=round_index, rng=quant_rng or np.random.default_rng(0), scale=scale,
+                values,
+                run_secret=self.run_secret,
+                device=device,
+                round_index=round_index,
+                rng=quant_rng,
+                scale=scale,
             )
             values, norm = enc.values, enc.norm
         if s.mechanism == "after" and s.sigma > 0:

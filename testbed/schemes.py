@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from aggregator.privacy import epsilon_for
+from edge_device.compression import theta_qs
 from radio.units import noise_var_from_snr_db
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
@@ -94,15 +95,6 @@ def quant_levels(cfg: ExperimentConfig) -> int | None:
     return cfg.compression.levels if spec.quantize and cfg.compression.quantize else None
 
 
-def theta_qs(d: int, l: int, levels: int | None) -> float:
-    """Variance factor of C_{q,s}: ``E||C(x)||^2 <= theta_qs ||x||^2`` (003 Lemma 3)."""
-    theta_s = l / d
-    if levels is None:
-        return 1.0 / theta_s
-    theta_q = math.sqrt(d) / levels
-    return 1.0 / theta_s + theta_q / math.sqrt(theta_s)
-
-
 def expected_power_bound(
     *, d: int, l: int, levels: int | None, alpha: float, clip: float, sigma: float, mechanism: str
 ) -> float:
@@ -112,7 +104,7 @@ def expected_power_bound(
     noise after compression ``E||C(g) + eta||^2 <= theta_qs Z^2 + l sigma^2``. Divided by
     the ``ceil(l / 2)`` symbols that carry the ``l`` values.
     """
-    tq = theta_qs(d, l, levels)
+    tq = theta_qs(d=d, l=l, levels=levels)
     if mechanism == "after":
         energy = tq * clip**2 + l * sigma**2
     else:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from radio.framing import WaveformParams
-from radio.link import Link, LinkError, Reception
+from radio.link import Link, LinkError, Reception, check_upload
 from radio.modem import demodulate, modulate
 from radio.sigmf_io import append_frame_log, write_recording
 from radio.sync import SyncError
@@ -88,11 +88,7 @@ class FrameLink(Link):
         symbols: np.ndarray,
         rng: np.random.Generator,
     ) -> Reception:
-        x = np.asarray(symbols, dtype=np.complex128)
-        if x.ndim != 1 or x.size == 0:
-            raise ValueError(f"symbols must be a non-empty 1-d array, got shape {x.shape}")
-        if device < 0 or round_index < 0:
-            raise ValueError(f"device and round_index must be >= 0, got {device}, {round_index}")
+        x = check_upload(symbols, device, round_index)
         tx, _ = modulate(self.waveform, x)
         carried = self._carry(tx, device=device, round_index=round_index, rng=rng)
         return self._receive(carried, x.size, device=device, round_index=round_index)

@@ -122,6 +122,19 @@ class Reception:
     info: Mapping[str, float] = field(default_factory=dict)
 
 
+def check_upload(symbols: np.ndarray, device: int, round_index: int) -> np.ndarray:
+    """Validate ``transmit`` arguments; returns the symbols as ``complex128`` ``(n,)``.
+
+    Every link applies the same contract: a non-empty 1-d payload and indices ``>= 0``.
+    """
+    x = np.asarray(symbols, dtype=np.complex128)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"symbols must be a non-empty 1-d array, got shape {x.shape}")
+    if device < 0 or round_index < 0:
+        raise ValueError(f"device and round_index must be >= 0, got {device}, {round_index}")
+    return x
+
+
 class LinkError(RuntimeError):
     """An upload failed on the link (samples lost, no frame found, device missing)."""
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radio.channel import Fading, awgn, draw_block_gains, expand_blocks, n_blocks_for
-from radio.link import ChannelState, Link, Reception
+from radio.link import ChannelState, Link, Reception, check_upload
 from radio.units import noise_var_from_snr_db
 
 
@@ -51,7 +51,9 @@ class ChannelParams:
             raise ValueError(f"device {device} outside [0, {len(self.snr_db)})")
         fading: Fading = "none" if self.noiseless else self.fading
         blocks = draw_block_gains(
-            fading, n_blocks_for(n_symbols, self.coherence_symbols), rng,
+            fading,
+            n_blocks_for(n_symbols, self.coherence_symbols),
+            rng,
             rician_k_db=self.rician_k_db,
         )
         gain = expand_blocks(blocks, n_symbols, self.coherence_symbols)
@@ -94,9 +96,7 @@ class SymbolLink(Link):
         symbols: np.ndarray,
         rng: np.random.Generator,
     ) -> Reception:
-        x = np.asarray(symbols, dtype=np.complex128)
-        if x.ndim != 1:
-            raise ValueError(f"symbols must be 1-d, got shape {x.shape}")
+        x = check_upload(symbols, device, round_index)
         state = self._probed.pop((device, round_index), None)
         if state is None or state.gain.size != x.size:
             state = self.params.draw_state(device, x.size, rng)

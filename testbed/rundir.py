@@ -32,10 +32,20 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used as asked (exists, missing, inconsistent)."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry (after a create or rename) to disk.
+
+    Best effort: some file systems refuse fsync on a directory; the write itself has
+    already completed, so that is not turned into an error.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
     try:
         os.fsync(fd)
+    except OSError:
+        pass
     finally:
         os.close(fd)
 
@@ -53,7 +63,7 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -21,6 +21,7 @@ from typing import IO
 
 from aggregator.privacy.accountant import PrivacyAccountant
 from aggregator.privacy.events import EventError, UploadEvent
+from testbed.rundir import fsync_dir
 
 
 class LedgerError(RuntimeError):
@@ -29,19 +30,6 @@ class LedgerError(RuntimeError):
 
 class TornLineWarning(UserWarning):
     """The ledger's last line was torn by a crash and has been ignored."""
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _parse(lines: list[bytes], path: Path) -> list[UploadEvent]:
@@ -100,7 +88,7 @@ class Ledger:
                 handle.flush()
                 os.fsync(handle.fileno())
             if created:
-                _fsync_dir(p.parent if str(p.parent) else Path("."))
+                fsync_dir(p.parent if str(p.parent) else Path("."))
         except BaseException:
             handle.close()
             raise

@@ -77,11 +77,8 @@ class PrivacyBook:
         append_jsonl(self.intents_path, event.to_dict())
 
     def commit(self, event: UploadEvent) -> None:
-        """Record the upload with the credited channel state (after reception)."""
-        self.record(event)
-
-    def record(self, event: UploadEvent) -> None:
-        """Append durably, then compose in every accountant."""
+        """Record the upload with the credited channel state (after reception): append it
+        durably, then compose it in every accountant."""
         self.ledger.append(event)
         for acc in self.accountants.values():
             acc.add(event)

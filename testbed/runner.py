@@ -180,7 +180,6 @@ class Experiment:
         last_eval: dict[str, float] = {}
         record_dir = self.rundir.recordings_path if cfg.record else None
         bar = _progress_bar(cfg.rounds, start_round, enabled=self.progress)
-        completed = start_round
         try:
             with make_link(cfg, self.hw, record_dir) as link:
                 for t in range(start_round, cfg.rounds):
@@ -196,7 +195,6 @@ class Experiment:
                     with deferred_interrupts():
                         self.rundir.append_metrics(line)
                         self.rundir.save_checkpoint(t, self.w, {"d": self.d})
-                        completed = t + 1
                     if self.on_round is not None:
                         self.on_round(line)
                     if bar is not None:
@@ -214,7 +212,7 @@ class Experiment:
         finally:
             if bar is not None:
                 bar.close()
-            summary = self._summary(status, completed, time.perf_counter() - t_start)
+            summary = self._summary(status, time.perf_counter() - t_start)
             if self.book is not None:
                 self.book.close()
             self.rundir.write_summary(summary)
@@ -366,7 +364,7 @@ class Experiment:
             self.run_secret, header.device, header.round_index, header.d, header.n_values
         )
 
-    def _summary(self, status: str, completed: int, wall: float) -> dict[str, Any]:
+    def _summary(self, status: str, wall: float) -> dict[str, Any]:
         metrics = self.rundir.metrics()
         ckpt = self.rundir.load_checkpoint()
         completed = 0 if ckpt is None else ckpt[0] + 1  # the files are the truth

@@ -12,8 +12,8 @@
 For DP schemes the power scaling ``alpha`` must not depend on the data, so it comes from
 the config, a plan, or (by default) the largest value whose *expected* power bound
 ``alpha^2 theta_qs (Z^2 + d sigma^2) / n_symbols`` (003 Section V-A, per symbol) meets
-``P_max``. ``sigma`` comes from the config, a plan, or (``privacy.sigma: null``... see
-:func:`calibrate_sigma`) the smallest value meeting the epsilon target over the planned
+``P_max``. ``sigma`` comes from the config, a plan, or (``privacy.sigma: null``, see
+:func:`calibrate_sigma`) is the smallest value meeting the epsilon target over the planned
 rounds at the mean channel gain, in the enforcing accounting.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.loader import (
@@ -112,7 +113,7 @@ def test_bad_files(tmp_path: Path) -> None:
 
 def test_config_objects_are_frozen() -> None:
     cfg = load_experiment()
-    with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.rounds = 5  # type: ignore[misc]
     assert isinstance(cfg, ExperimentConfig)
 

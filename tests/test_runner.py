@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -139,4 +138,3 @@ def test_sigint_leaves_a_consistent_run_directory(
     assert ckpt is not None
     assert summary["status"] == "interrupted"
     assert summary["rounds_completed"] == ckpt[0] + 1 == len(rd.metrics())
-    os.environ.get("CI")  # nothing else to check: every file parsed above

@@ -17,7 +17,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gnuradio import blocks, gr, uhd, zeromq  # noqa: E402
-from usrp_common import run_until_stopped, serve_xmlrpc, usrp_arguments  # noqa: E402
+from usrp_common import (  # noqa: E402
+    configure_usrp,
+    report_applied,
+    run_until_stopped,
+    serve_xmlrpc,
+    usrp_arguments,
+)
 
 
 class rx(gr.top_block):  # noqa: N801 - GRC naming convention
@@ -43,24 +49,13 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
             self.device_found = False
             self.usrp = blocks.null_source(gr.sizeof_gr_complex)
         if self.device_found:
-            self.usrp.set_clock_source(args.clock_source, 0)
-            if args.time_source != "none":
-                self.usrp.set_time_source(args.time_source, 0)
-            self.usrp.set_samp_rate(args.samp_rate)
-            self.usrp.set_center_freq(args.center_freq, 0)
-            self.usrp.set_gain(args.gain, 0)
-            if args.antenna:
-                self.usrp.set_antenna(args.antenna, 0)
+            configure_usrp(self.usrp, args)
             if args.time_source in ("external", "gpsdo"):
                 self.usrp.set_time_next_pps(uhd.time_spec(0.0))
             else:
                 self.usrp.set_time_now(uhd.time_spec(0.0))
             self.usrp.set_start_time(uhd.time_spec(args.start_time))
-            print(
-                f"rx: rate {self.usrp.get_samp_rate():.1f} S/s, freq "
-                f"{self.usrp.get_center_freq(0):.1f} Hz, gain {self.usrp.get_gain(0):.1f} dB",
-                flush=True,
-            )
+            report_applied(self.usrp, "rx")
         self.sink = zeromq.push_sink(gr.sizeof_gr_complex, 1, args.out_address, 100, False, -1)
         self.connect((self.usrp, 0), (self.sink, 0))
 

@@ -17,7 +17,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from burst_tagger import burst_tagger  # noqa: E402
 from gnuradio import blocks, gr, uhd, zeromq  # noqa: E402
-from usrp_common import run_until_stopped, serve_xmlrpc, usrp_arguments  # noqa: E402
+from usrp_common import (  # noqa: E402
+    configure_usrp,
+    report_applied,
+    run_until_stopped,
+    serve_xmlrpc,
+    usrp_arguments,
+)
 
 
 class tx(gr.top_block):  # noqa: N801 - GRC naming convention
@@ -44,20 +50,9 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
             self.device_found = False
             self.sink = blocks.null_sink(gr.sizeof_gr_complex)
         if self.device_found:
-            self.sink.set_clock_source(args.clock_source, 0)
-            if args.time_source != "none":
-                self.sink.set_time_source(args.time_source, 0)
-            self.sink.set_samp_rate(args.samp_rate)
-            self.sink.set_center_freq(args.center_freq, 0)
-            self.sink.set_gain(args.gain, 0)
-            if args.antenna:
-                self.sink.set_antenna(args.antenna, 0)
+            configure_usrp(self.sink, args)
             self.sink.set_time_now(uhd.time_spec(0.0))
-            print(
-                f"tx: rate {self.sink.get_samp_rate():.1f} S/s, freq "
-                f"{self.sink.get_center_freq(0):.1f} Hz, gain {self.sink.get_gain(0):.1f} dB",
-                flush=True,
-            )
+            report_applied(self.sink, "tx")
         self.connect((self.source, 0), (self.tagger, 0))
         self.connect((self.tagger, 0), (self.sink, 0))
 

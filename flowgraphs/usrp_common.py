@@ -27,6 +27,31 @@ def usrp_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def configure_usrp(dev: object, args: argparse.Namespace) -> None:
+    """Apply clock and time source, rate, frequency, gain and antenna to a USRP block.
+
+    Works for ``uhd.usrp_source`` and ``uhd.usrp_sink`` alike (channel 0).
+    """
+    dev.set_clock_source(args.clock_source, 0)  # type: ignore[attr-defined]
+    if args.time_source != "none":
+        dev.set_time_source(args.time_source, 0)  # type: ignore[attr-defined]
+    dev.set_samp_rate(args.samp_rate)  # type: ignore[attr-defined]
+    dev.set_center_freq(args.center_freq, 0)  # type: ignore[attr-defined]
+    dev.set_gain(args.gain, 0)  # type: ignore[attr-defined]
+    if args.antenna:
+        dev.set_antenna(args.antenna, 0)  # type: ignore[attr-defined]
+
+
+def report_applied(dev: object, name: str) -> None:
+    """Log the rate, frequency and gain the hardware actually applied (read back)."""
+    print(
+        f"{name}: rate {dev.get_samp_rate():.1f} S/s, "  # type: ignore[attr-defined]
+        f"freq {dev.get_center_freq(0):.1f} Hz, "  # type: ignore[attr-defined]
+        f"gain {dev.get_gain(0):.1f} dB",  # type: ignore[attr-defined]
+        flush=True,
+    )
+
+
 def serve_xmlrpc(tb: object, port: int) -> SimpleXMLRPCServer | None:
     """Expose ``tb``'s methods (get/set pairs) on 127.0.0.1:``port``."""
     if not port:

@@ -19,8 +19,12 @@ def test_usrp_link_refuses_clearly_without_a_device() -> None:
     if find_usrps(args).devices:
         pytest.skip("a device answered on the loopback address")
     settings = UsrpSettings(
-        tx_args=args, rx_args=args, center_freq_hz=915e6, sample_rate_hz=1e6,
-        tx_gain_db=0.0, rx_gain_db=0.0,
+        tx_args=args,
+        rx_args=args,
+        center_freq_hz=915e6,
+        sample_rate_hz=1e6,
+        tx_gain_db=0.0,
+        rx_gain_db=0.0,
     )
     expected = r"no USRP found for the transmitter \('addr=127\.0\.0\.1'\)"
     with pytest.raises(LinkError, match=expected):
@@ -29,8 +33,12 @@ def test_usrp_link_refuses_clearly_without_a_device() -> None:
 
 def test_usrp_link_checks_the_sample_rate_first() -> None:
     settings = UsrpSettings(
-        tx_args="", rx_args="", center_freq_hz=915e6, sample_rate_hz=2e6,
-        tx_gain_db=0.0, rx_gain_db=0.0,
+        tx_args="",
+        rx_args="",
+        center_freq_hz=915e6,
+        sample_rate_hz=2e6,
+        tx_gain_db=0.0,
+        rx_gain_db=0.0,
     )
     with pytest.raises(ValueError, match="sample rate"):
         UsrpLink(WaveformParams(), settings)
@@ -65,3 +73,43 @@ def test_burst_header_refuses_bad_bursts() -> None:
     with pytest.raises(ValueError):
         burst_header(10, -1.0)
     assert burst_header(5, 1.5).dtype == np.complex64
+
+
+def test_configure_usrp_applies_every_setting_and_reads_back() -> None:
+    """The tx/rx device set-up, exercised with a recording stand-in for the UHD block."""
+    import subprocess
+    from pathlib import Path
+
+    from tests.radio_helpers import require_gnuradio
+
+    require_gnuradio()
+    script = """
+import argparse, sys
+sys.path.insert(0, "flowgraphs")
+from usrp_common import configure_usrp, report_applied, usrp_arguments
+calls = []
+class Dev:
+    def __getattr__(self, name):
+        return lambda *a: calls.append((name, a)) or 1.0
+args = usrp_arguments(argparse.ArgumentParser()).parse_args(
+    ["--samp-rate", "2e5", "--center-freq", "9.15e8", "--gain", "7", "--antenna", "TX/RX",
+     "--time-source", "none"])
+configure_usrp(Dev(), args)
+report_applied(Dev(), "tx")
+print(calls)
+"""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        ["/usr/bin/python3", "-c", script], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+    for expected in (
+        "('set_clock_source', ('internal', 0))",
+        "('set_samp_rate', (200000.0,))",
+        "('set_center_freq', (915000000.0, 0))",
+        "('set_gain', (7.0, 0))",
+        "('set_antenna', ('TX/RX', 0))",
+        "('get_samp_rate', ())",
+    ):
+        assert expected in out, out
+    assert "set_time_source" not in out  # --time-source none leaves it alone
+    assert "tx: rate 1.0 S/s" in out

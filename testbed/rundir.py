@@ -19,6 +19,7 @@ file is dropped on reading).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -66,14 +67,34 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"``.
+
+    Python's json writes bare ``Infinity``/``NaN``, which is not JSON; an infinite epsilon
+    (nothing credited) or the SNR of a noiseless channel must stay readable elsewhere.
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """Strict JSON text of ``obj`` (see :func:`json_safe`)."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    """Atomically write ``obj`` as indented JSON."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+    """Atomically write ``obj`` as indented, strict JSON."""
+    atomic_write_bytes(path, (dumps(obj, indent=2) + "\n").encode())
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line and fsync it."""
-    line = json.dumps(record, separators=(",", ":")) + "\n"
+    line = dumps(record, separators=(",", ":")) + "\n"
     with path.open("a", encoding="utf-8") as fh:
         fh.write(line)
         fh.flush()
@@ -176,7 +197,7 @@ class RunDir:
     def truncate_metrics_after(self, last_round: int) -> None:
         """Drop metric lines of rounds after ``last_round`` (left by a crash mid-round)."""
         keep = [m for m in self.metrics() if m.get("round", -1) <= last_round]
-        body = "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in keep)
+        body = "".join(dumps(m, separators=(",", ":")) + "\n" for m in keep)
         atomic_write_bytes(self.metrics_path, body.encode())
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -138,3 +138,17 @@ def test_sigint_leaves_a_consistent_run_directory(
     assert ckpt is not None
     assert summary["status"] == "interrupted"
     assert summary["rounds_completed"] == ckpt[0] + 1 == len(rd.metrics())
+
+
+def test_run_files_are_strict_json(tmp_path: Path, tiny_overrides: list[str]) -> None:
+    """A noiseless channel has infinite SNR: written as "inf", never a bare Infinity."""
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {token}")
+
+    cfg = load_experiment(None, [*tiny_overrides, "noiseless=true", "rounds=1"])
+    run_experiment(cfg, tmp_path / "run")
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line, parse_constant=refuse)
+        assert all(dev["snr_db"] == "inf" for dev in record["devices"])
+    json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=refuse)

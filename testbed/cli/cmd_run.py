@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ def _sigterm_to_interrupt(signum: int, frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.rundir import default_run_path
+    from testbed.rundir import default_run_path, dumps
     from testbed.runner import resume_experiment, run_experiment
 
     signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
@@ -75,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"testbed run: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({**summary, "run_dir": str(out)}))
+        print(dumps({**summary, "run_dir": str(out)}))
     else:
         acc = summary.get("final_accuracy")
         print(

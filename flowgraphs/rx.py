@@ -4,8 +4,10 @@
 The USRP's time is set to 0 at start-up (or at the next PPS with an external time source)
 and streaming starts at ``--start-time`` seconds, so received sample ``i`` was taken at
 ``start_time + i / samp_rate`` (as long as no overflow occurred; the controlling process
-checks the sample count against elapsed time). With ``--build-only`` and no device, the UHD
-source is replaced by a null source so the rest of the graph is still checked.
+checks the sample count against elapsed time). With ``--build-only`` the graph is
+constructed with a null source in place of the UHD source (UHD is not imported, no device
+discovery happens) and its blocks are printed; ``--build-only --open-device`` opens the
+USRP for real and fails (exit 1, one line naming the device args) when none is found.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gnuradio import blocks, gr, uhd, zeromq  # noqa: E402
+from gnuradio import blocks, gr, zeromq  # noqa: E402
 from usrp_common import (  # noqa: E402
+    build_report,
     configure_usrp,
+    device_failure,
+    device_wanted,
     report_applied,
     run_until_stopped,
     serve_xmlrpc,
@@ -27,28 +32,28 @@ from usrp_common import (  # noqa: E402
 
 
 class rx(gr.top_block):  # noqa: N801 - GRC naming convention
-    """USRP source -> ZMQ push sink."""
+    """USRP source (or a null source when ``open_device`` is false) -> ZMQ push sink.
 
-    def __init__(self, args: argparse.Namespace, allow_no_device: bool = False) -> None:
+    ``uhd_blocks`` names the UHD blocks constructed (empty without a device).
+    """
+
+    def __init__(self, args: argparse.Namespace, open_device: bool = True) -> None:
         gr.top_block.__init__(self, "rx", catch_exceptions=True)
         self.samp_rate = args.samp_rate
         self.center_freq = args.center_freq
         self.gain = args.gain
         self.start_time = args.start_time
-        self.device_found = True
-        try:
+        self.device_found = open_device
+        self.uhd_blocks: list[str] = []
+        if open_device:
+            from gnuradio import uhd  # only here: building without a device never loads UHD
+
             self.usrp = uhd.usrp_source(
                 args.device_args,
                 uhd.stream_args(cpu_format="fc32", args="", channels=[0]),
                 True,
             )
-        except RuntimeError as exc:
-            if not allow_no_device:
-                raise
-            print(f"rx: no USRP for '{args.device_args}' ({exc}); using a null source", flush=True)
-            self.device_found = False
-            self.usrp = blocks.null_source(gr.sizeof_gr_complex)
-        if self.device_found:
+            self.uhd_blocks.append("usrp_source")
             configure_usrp(self.usrp, args)
             if args.time_source in ("external", "gpsdo"):
                 self.usrp.set_time_next_pps(uhd.time_spec(0.0))
@@ -56,8 +61,14 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
                 self.usrp.set_time_now(uhd.time_spec(0.0))
             self.usrp.set_start_time(uhd.time_spec(args.start_time))
             report_applied(self.usrp, "rx")
+        else:
+            self.usrp = blocks.null_source(gr.sizeof_gr_complex)
         self.sink = zeromq.push_sink(gr.sizeof_gr_complex, 1, args.out_address, 100, False, -1)
         self.connect((self.usrp, 0), (self.sink, 0))
+
+    def block_list(self) -> list[object]:
+        """The blocks of the graph, source to sink."""
+        return [self.usrp, self.sink]
 
     def get_gain(self) -> float:
         return self.gain
@@ -89,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-address", default="tcp://127.0.0.1:5561", help="ZMQ PUSH bind address")
     p.add_argument("--start-time", type=float, default=1.0, help="USRP time to start at (s)")
     args = p.parse_args(argv)
-    tb = rx(args, allow_no_device=args.build_only)
+    try:
+        tb = rx(args, open_device=device_wanted(args))
+    except RuntimeError as exc:
+        return device_failure("rx", args, exc)
     if args.build_only:
-        print(f"rx: built (device {'found' if tb.device_found else 'not found'})", flush=True)
+        print(build_report("rx", tb.block_list(), tb.uhd_blocks), flush=True)
         return 0
     server = serve_xmlrpc(tb, args.xmlrpc_port)
     run_until_stopped(tb, args.parent_pid, "rx")

@@ -3,8 +3,10 @@
 
 Each burst leaves the USRP at its ``tx_time`` (``tx_sob``/``tx_eob``/``tx_time`` tags from
 :mod:`burst_tagger`). The applied rate, frequency and gain are read back and logged. With
-``--build-only`` and no device attached, the UHD sink is replaced by a null sink so the rest
-of the graph is still constructed and checked (the output says so).
+``--build-only`` the graph is constructed with a null sink in place of the UHD sink (UHD is
+not imported, no device discovery happens) and its blocks are printed; ``--build-only
+--open-device`` opens the USRP for real and fails (exit 1, one line naming the device
+args) when none is found.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from burst_tagger import burst_tagger  # noqa: E402
-from gnuradio import blocks, gr, uhd, zeromq  # noqa: E402
+from gnuradio import blocks, gr, zeromq  # noqa: E402
 from usrp_common import (  # noqa: E402
+    build_report,
     configure_usrp,
+    device_failure,
+    device_wanted,
     report_applied,
     run_until_stopped,
     serve_xmlrpc,
@@ -27,34 +32,40 @@ from usrp_common import (  # noqa: E402
 
 
 class tx(gr.top_block):  # noqa: N801 - GRC naming convention
-    """ZMQ -> burst tagger -> USRP sink."""
+    """ZMQ -> burst tagger -> USRP sink (or a null sink when ``open_device`` is false).
 
-    def __init__(self, args: argparse.Namespace, allow_no_device: bool = False) -> None:
+    ``uhd_blocks`` names the UHD blocks constructed (empty without a device).
+    """
+
+    def __init__(self, args: argparse.Namespace, open_device: bool = True) -> None:
         gr.top_block.__init__(self, "tx", catch_exceptions=True)
         self.samp_rate = args.samp_rate
         self.center_freq = args.center_freq
         self.gain = args.gain
-        self.device_found = True
+        self.device_found = open_device
+        self.uhd_blocks: list[str] = []
         self.source = zeromq.pull_source(gr.sizeof_gr_complex, 1, args.in_address, 100, False, -1)
         self.tagger = burst_tagger()
-        try:
+        if open_device:
+            from gnuradio import uhd  # only here: building without a device never loads UHD
+
             self.sink = uhd.usrp_sink(
                 args.device_args,
                 uhd.stream_args(cpu_format="fc32", args="", channels=[0]),
                 "",
             )
-        except RuntimeError as exc:
-            if not allow_no_device:
-                raise
-            print(f"tx: no USRP for '{args.device_args}' ({exc}); using a null sink", flush=True)
-            self.device_found = False
-            self.sink = blocks.null_sink(gr.sizeof_gr_complex)
-        if self.device_found:
+            self.uhd_blocks.append("usrp_sink")
             configure_usrp(self.sink, args)
             self.sink.set_time_now(uhd.time_spec(0.0))
             report_applied(self.sink, "tx")
+        else:
+            self.sink = blocks.null_sink(gr.sizeof_gr_complex)
         self.connect((self.source, 0), (self.tagger, 0))
         self.connect((self.tagger, 0), (self.sink, 0))
+
+    def block_list(self) -> list[object]:
+        """The blocks of the graph, source to sink."""
+        return [self.source, self.tagger, self.sink]
 
     def get_gain(self) -> float:
         return self.gain
@@ -93,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     p = usrp_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--in-address", default="tcp://127.0.0.1:5560", help="ZMQ PUSH to pull from")
     args = p.parse_args(argv)
-    tb = tx(args, allow_no_device=args.build_only)
+    try:
+        tb = tx(args, open_device=device_wanted(args))
+    except RuntimeError as exc:
+        return device_failure("tx", args, exc)
     if args.build_only:
-        print(f"tx: built (device {'found' if tb.device_found else 'not found'})", flush=True)
+        print(build_report("tx", tb.block_list(), tb.uhd_blocks), flush=True)
         return 0
     server = serve_xmlrpc(tb, args.xmlrpc_port)
     run_until_stopped(tb, args.parent_pid, "tx")

@@ -1,11 +1,17 @@
 """Shared parts of the tx and rx flowgraphs: argument parsing, the XML-RPC server, the
-parent watchdog and the signal handling (imported only under /usr/bin/python3)."""
+parent watchdog and the signal handling (imported only under /usr/bin/python3).
+
+``gnuradio.uhd`` is not imported here: the flowgraphs import it only when they construct a
+UHD block, so ``--build-only`` (without ``--open-device``) never loads UHD and never sends
+a discovery packet.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import sys
 import threading
 from xmlrpc.server import SimpleXMLRPCServer
 
@@ -23,8 +29,45 @@ def usrp_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--time-source", default="internal", help="internal|external|mimo|gpsdo|none")
     p.add_argument("--xmlrpc-port", type=int, default=0, help="XML-RPC control port (0: none)")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
-    p.add_argument("--build-only", action="store_true", help="construct, then exit 0")
+    p.add_argument(
+        "--build-only", action="store_true",
+        help="construct, print the blocks, then exit 0; a null sink/source stands in for "
+        "the UHD block (UHD is not even imported) unless --open-device is given",
+    )
+    p.add_argument(
+        "--open-device", action="store_true",
+        help="with --build-only: open the USRP for real (UHD discovery and set-up); "
+        "without --build-only the device is always opened",
+    )
     return p
+
+
+def device_wanted(args: argparse.Namespace) -> bool:
+    """Whether to construct the UHD block: always when running, on request when building."""
+    return not args.build_only or bool(args.open_device)
+
+
+def device_failure(name: str, args: argparse.Namespace, exc: BaseException) -> int:
+    """Report a USRP that could not be opened in one clear line; returns exit code 1."""
+    text = " ".join(str(exc).split())
+    if "No devices found" in text or "LookupError" in text:
+        what = f"no USRP found for device args '{args.device_args}'"
+    else:
+        what = f"could not open the USRP for device args '{args.device_args}'"
+    print(f"{name}: {what} (UHD: {text})", file=sys.stderr, flush=True)
+    return 1
+
+
+def build_report(name: str, blocks: list[object], uhd_blocks: list[str]) -> str:
+    """One line saying what was built: the blocks, and whether UHD was touched at all.
+
+    ``gnuradio.uhd`` is imported only when a UHD block is constructed, so ``uhd imported:
+    no`` is a check independent of the flowgraph's own bookkeeping.
+    """
+    names = ", ".join(b.name() for b in blocks)  # type: ignore[attr-defined]
+    uhd = ", ".join(uhd_blocks) if uhd_blocks else "none (device not opened)"
+    imported = "yes" if "gnuradio.uhd" in sys.modules else "no"
+    return f"{name}: built; blocks: {names}; UHD blocks: {uhd}; uhd imported: {imported}"
 
 
 def configure_usrp(dev: object, args: argparse.Namespace) -> None:

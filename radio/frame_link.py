@@ -100,7 +100,7 @@ class FrameLink(Link):
             demod = demodulate(self.waveform, carried.samples, n_payload, self.confidence)
         except SyncError as exc:
             raise LinkError(
-                f"{self.name} link, device {device}, round {round_index}: {exc}"
+                f"{self.name} link: upload of device {device}, round {round_index} lost: {exc}"
             ) from exc
         info = {**carried.info, **demod.info}
         if self.record_dir is not None:

@@ -7,9 +7,16 @@ the device's noise voltage (``sqrt(N0)`` per sample, see :mod:`radio.waveform_ch
 frequency offset, prepends a random delay, streams the frame, and demodulates what comes
 back. The channel noise comes from GNU Radio's generator (``noise_seed``), so a run is
 reproducible only as a whole sequence of uploads.
+
+A frame that is not found, or an upload only partly back in time, is a lost upload
+(:class:`~radio.link.LinkError`); a flowgraph that failed to start, exited, or whose output
+stream stopped altogether is a dead link (:class:`~radio.link.LinkFailed`, naming the
+process, its exit code and the tail of its log).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -23,11 +30,11 @@ from radio.flowgraph_process import (
 )
 from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams
-from radio.link import LinkError
+from radio.link import LinkError, LinkFailed
 from radio.symbol_link import ChannelParams
 from radio.units import db_to_linear
 from radio.waveform_channel import EmulatorParams
-from radio.zmq_stream import SampleStream, StreamError
+from radio.zmq_stream import SampleStream, StreamBroken, StreamTimeout
 
 #: Zero samples streamed (and discarded) after a noise or frequency change: GNU Radio's
 #: noise and carrier sources run ahead of the signal by up to a buffer (measured: a
@@ -54,11 +61,17 @@ class GnuradioLink(FrameLink):
         Interpreter that runs the flowgraph.
     startup_timeout_s
         Start-up limit of the flowgraph process.
+    log_dir
+        Folder for the flowgraph's log (``channel_emulator.log``, kept); ``None``: an
+        anonymous temporary file, gone when the link is closed.
     **kwargs
         Passed to :class:`~radio.frame_link.FrameLink`.
     """
 
     name = "gnuradio"
+    #: Seconds an upload may take to come back, beyond 5 us per sample. A flowgraph that
+    #: returns nothing at all in that time is taken for dead (:class:`LinkFailed`).
+    stream_timeout_s: float = 10.0
 
     def __init__(
         self,
@@ -70,6 +83,7 @@ class GnuradioLink(FrameLink):
         fading_seed: int = 0,
         python: str = SYSTEM_PYTHON,
         startup_timeout_s: float = 60.0,
+        log_dir: Path | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(waveform, **kwargs)  # type: ignore[arg-type]
@@ -104,17 +118,22 @@ class GnuradioLink(FrameLink):
             "--k-factor", repr(float(db_to_linear(channel.rician_k_db))),
             "--fading-seed", str(int(fading_seed)),
         ]
-        try:
-            self.process: FlowgraphProcess | None = FlowgraphProcess(
-                FLOWGRAPH_DIR / "channel_emulator.py", args, python=python,
-                startup_timeout_s=startup_timeout_s,
-            )
-        except FlowgraphError:
-            self.stream.close()
-            raise
-        self.stream.connect(out_address)
+        self.process: FlowgraphProcess | None = None
         self._noise_voltage = 0.0
         self._cfo_norm = 0.0
+        try:
+            self.process = FlowgraphProcess(
+                FLOWGRAPH_DIR / "channel_emulator.py", args, python=python,
+                startup_timeout_s=startup_timeout_s, log_dir=log_dir,
+            )
+            self.stream.connect(out_address)
+        except FlowgraphError as exc:
+            self.close()
+            raise LinkFailed(f"gnuradio link could not start: {exc}") from exc
+        except BaseException:
+            # KeyboardInterrupt during start-up included: no process or socket survives.
+            self.close()
+            raise
 
     def _set(self, method: str, value: float) -> None:
         assert self.process is not None
@@ -124,7 +143,7 @@ class GnuradioLink(FrameLink):
         self, samples: np.ndarray, *, device: int, round_index: int, rng: np.random.Generator
     ) -> Carried:
         if self.process is None:
-            raise LinkError("gnuradio link is closed")
+            raise LinkFailed("gnuradio link is closed")
         if not 0 <= device < len(self.channel.snr_db):
             raise ValueError(f"device {device} outside [0, {len(self.channel.snr_db)})")
         fs = self.waveform.sample_rate_hz
@@ -146,26 +165,49 @@ class GnuradioLink(FrameLink):
             buffer = np.concatenate(
                 [np.zeros(delay), samples, np.zeros(self.emulator.tail_samples)]
             )
-            timeout = 10.0 + buffer.size / 2e5
+            timeout = self.stream_timeout_s + buffer.size / 2e5
             rx = self.stream.exchange(
                 buffer, timeout_s=timeout, preroll=preroll, alive=self.process.check_alive
             )
-        except (FlowgraphError, StreamError) as exc:
-            raise LinkError(f"gnuradio link, device {device}, round {round_index}: {exc}") from exc
+        except (FlowgraphError, StreamBroken) as exc:
+            raise LinkFailed(
+                f"gnuradio link failed at device {device}, round {round_index}: {exc}"
+            ) from exc
+        except StreamTimeout as exc:
+            raise self._timeout_error(exc, device, round_index) from exc
         info = {"noise_var_true": n0, "cfo_true_hz": cfo, "delay_true_samples": float(delay)}
         return Carried(rx.astype(np.complex128), buffer.size, rx.size, info)
+
+    def _timeout_error(self, exc: StreamTimeout, device: int, round_index: int) -> LinkError:
+        """A late upload is lost; a flowgraph that produced nothing at all is dead."""
+        assert self.process is not None
+        where = f"device {device}, round {round_index}"
+        try:
+            self.process.check_alive()
+        except FlowgraphError as dead:
+            return LinkFailed(f"gnuradio link failed at {where}: {dead}")
+        if exc.produced == 0:
+            return LinkFailed(
+                f"gnuradio link failed at {where}: flowgraph {self.process.name} "
+                f"(pid {self.process.pid}) is running but its output stream produced no "
+                f"sample while waited for ({exc})"
+            )
+        return LinkError(f"gnuradio link: upload of {where} lost: {exc}")
 
     def samples_in_flowgraph(self) -> tuple[int, int]:
         """(samples the flowgraph's source produced, samples its channel block output)."""
         if self.process is None:
-            raise LinkError("gnuradio link is closed")
+            raise LinkFailed("gnuradio link is closed")
         return (
             int(self.process.call_float("get_samples_in")),
             int(self.process.call_float("get_samples_out")),
         )
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.stop()
+        """Stop the flowgraph process and close the sockets. Idempotent."""
+        try:
+            if self.process is not None:
+                self.process.stop()
+        finally:
             self.process = None
             self.stream.close()

@@ -136,7 +136,23 @@ def check_upload(symbols: np.ndarray, device: int, round_index: int) -> np.ndarr
 
 
 class LinkError(RuntimeError):
-    """An upload failed on the link (samples lost, no frame found, device missing)."""
+    """One upload was lost on the link (no frame found, samples missing, window missed).
+
+    The link itself still works: the next upload may succeed. The message names the link,
+    the device and the round, and says why the frame was lost. When the link as a whole is
+    gone, the more specific :class:`LinkFailed` is raised instead.
+    """
+
+
+class LinkFailed(LinkError):
+    """The link itself is dead: no further upload over it can succeed.
+
+    Raised when a flowgraph process failed to start or exited (the message names the
+    process, its exit code and the tail of its log), when the sample stream's peer stopped
+    answering or the stream's accounting broke, when no USRP was found at start, or when
+    the link is used after ``close``. A caller that counts lost uploads must stop on this
+    one rather than charge every later upload as lost.
+    """
 
 
 class Link(ABC):
@@ -172,6 +188,15 @@ class Link(ABC):
         rng
             Generator for the *channel* (fading, channel noise) of this device and round,
             spawned from the experiment seed. Never used for privacy noise.
+
+        Raises
+        ------
+        LinkFailed
+            The link is dead (process exited, stream peer gone, link closed); stop using it.
+        LinkError
+            This upload was lost (e.g. no frame found); the link may carry the next one.
+        ValueError
+            Bad arguments (refused before anything is sent).
         """
 
     def probe(

@@ -7,6 +7,11 @@ is sent as one timed burst (``flowgraphs/tx.py``: header-delimited records turne
 the link then cuts the receive window around the burst's time (mapped to the receiver's
 clock, measured at start-up) and demodulates it like any other frame. The channel state is
 estimated (pilots); ``probe`` returns ``None``.
+
+No USRP found at start, a flowgraph that fails to start or exits, a receiver stream that
+stalls or falls behind (the sample-to-time mapping is then lost), or a transmitter that no
+longer takes samples make the link dead (:class:`~radio.link.LinkFailed`); a capture window
+missed or a frame not found lose one upload (:class:`~radio.link.LinkError`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -27,7 +33,7 @@ from radio.flowgraph_process import (
 )
 from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams
-from radio.link import LinkError, Reception
+from radio.link import LinkError, LinkFailed, Reception
 from radio.uhd_probe import find_usrps
 
 #: Header layout shared with ``flowgraphs/burst_tagger.py``.
@@ -102,11 +108,17 @@ class _RxRing:
         deadline = time.monotonic() + timeout_s
         while self.total < start + n:
             if time.monotonic() > deadline:
-                raise LinkError(f"usrp link: receiver stalled at {self.total} samples")
+                raise LinkFailed(
+                    f"usrp link: receiver stream stalled at {self.total} samples (waited "
+                    f"{timeout_s:.1f} s for samples {start}..{start + n})"
+                )
             time.sleep(0.01)
         with self.lock:
             if start < self.total - self.buf.size:
-                raise LinkError("usrp link: capture window already overwritten")
+                raise LinkError(
+                    f"usrp link: capture window at sample {start} already overwritten "
+                    f"(ring holds {self.total - self.buf.size}..{self.total})"
+                )
             return self.buf[(start + np.arange(n)) % self.buf.size].copy()
 
     def close(self) -> None:
@@ -116,11 +128,37 @@ class _RxRing:
 
 
 class UsrpLink(FrameLink):
-    """Over-the-air uploads through a USRP transmitter and receiver."""
+    """Over-the-air uploads through a USRP transmitter and receiver.
+
+    Parameters
+    ----------
+    waveform
+        Frame numerology; its sample rate must equal ``settings.sample_rate_hz``.
+    settings
+        Device args, gains, antennas, clock and time sources, burst timing.
+    log_dir
+        Folder for the flowgraphs' logs (``tx.log``, ``rx.log``, kept); ``None``: anonymous
+        temporary files, gone when the link is closed.
+    **kwargs
+        Passed to :class:`~radio.frame_link.FrameLink`.
+
+    Raises
+    ------
+    LinkFailed
+        No USRP answers for the transmitter's or receiver's device args (checked with
+        ``uhd.find`` before any flowgraph opens a device), or a flowgraph fails to start.
+    """
 
     name = "usrp"
 
-    def __init__(self, waveform: WaveformParams, settings: UsrpSettings, **kwargs: object) -> None:
+    def __init__(
+        self,
+        waveform: WaveformParams,
+        settings: UsrpSettings,
+        *,
+        log_dir: Path | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(waveform, **kwargs)  # type: ignore[arg-type]
         self.settings = s = settings
         if abs(s.sample_rate_hz - waveform.sample_rate_hz) > 1e-6 * s.sample_rate_hz:
@@ -131,7 +169,11 @@ class UsrpLink(FrameLink):
             probe = find_usrps(args, python=s.python)
             if not probe.devices:
                 why = probe.message or "UHD found no device"
-                raise LinkError(f"usrp link: no USRP found for the {role} ('{args}'): {why}")
+                raise LinkFailed(
+                    f"usrp link: no USRP found for the {role} ('{args}'): {why}; check the "
+                    "hardware config's usrp.tx_args / usrp.rx_args, or run "
+                    "'testbed radio probe'"
+                )
         self.tx_proc: FlowgraphProcess | None = None
         self.rx_proc: FlowgraphProcess | None = None
         self.ring: _RxRing | None = None
@@ -150,19 +192,23 @@ class UsrpLink(FrameLink):
                 [*common, "--device-args", s.rx_args, "--gain", repr(s.rx_gain_db),
                  "--antenna", s.rx_antenna, "--out-address", out_address,
                  "--start-time", repr(self.start_time)],
-                python=s.python,
+                python=s.python, log_dir=log_dir,
             )
             self.ring = _RxRing(out_address, int(s.ring_seconds * s.sample_rate_hz))
             self.tx_proc = FlowgraphProcess(
                 FLOWGRAPH_DIR / "tx.py",
                 [*common, "--device-args", s.tx_args, "--gain", repr(s.tx_gain_db),
                  "--antenna", s.tx_antenna, "--in-address", in_address],
-                python=s.python,
+                python=s.python, log_dir=log_dir,
             )
             self.clock_offset_s = self.rx_proc.call_float("get_time_now") - (
                 self.tx_proc.call_float("get_time_now")
             )
-        except (FlowgraphError, LinkError):
+        except FlowgraphError as exc:
+            self.close()
+            raise LinkFailed(f"usrp link could not start: {exc}") from exc
+        except BaseException:
+            # KeyboardInterrupt during start-up included: no flowgraph survives.
             self.close()
             raise
 
@@ -172,30 +218,51 @@ class UsrpLink(FrameLink):
         assert self.tx_proc is not None and self.rx_proc is not None and self.ring is not None
         s = self.settings
         fs = s.sample_rate_hz
+        where = f"device {device}, round {round_index}"
         scaled = samples * s.tx_amplitude
         peak = float(np.max(np.abs(scaled)))
         if peak > 1.0:
             raise LinkError(
-                f"usrp link, device {device}, round {round_index}: peak amplitude {peak:.2f} "
-                "exceeds the DAC range; lower usrp.tx_amplitude or the power scaling"
+                f"usrp link: upload of {where} not sent: peak amplitude {peak:.2f} exceeds "
+                "the DAC range (1.0); lower usrp.tx_amplitude or the power scaling"
             )
         try:
             tx_time = self.tx_proc.call_float("get_time_now") + s.burst_lead_s
             rx_now = self.rx_proc.call_float("get_time_now")
         except FlowgraphError as exc:
-            raise LinkError(f"usrp link: {exc}") from exc
+            raise LinkFailed(
+                f"usrp link failed at {where}: {exc}"
+            ) from exc
         expected = int((rx_now - self.start_time) * fs)
         if self.ring.total < expected - int(0.5 * fs):
-            raise LinkError(
-                f"usrp link: receiver lost samples (have {self.ring.total}, expected ~{expected})"
+            # Samples dropped (overflow) or the stream stopped: sample index no longer maps
+            # to USRP time, so no later capture window can be placed either.
+            raise LinkFailed(
+                f"usrp link failed at {where}: receiver lost "
+                f"samples (have {self.ring.total}, expected ~{expected} by USRP time "
+                f"{rx_now:.3f} s); the sample-to-time mapping is gone"
             )
         burst = np.concatenate([burst_header(scaled.size, tx_time), scaled.astype(np.complex64)])
+        if not self.push.poll(int(1000 * max(s.burst_lead_s, 1.0)), zmq.POLLOUT):
+            raise LinkFailed(
+                f"usrp link failed at {where}: the tx flowgraph "
+                f"(pid {self.tx_proc.pid}) takes no samples"
+            )
         self.push.send(burst.tobytes())
         t_rx = tx_time + self.clock_offset_s - s.capture_margin_s
         start = int(round((t_rx - self.start_time) * fs))
         n = scaled.size + int(2 * s.capture_margin_s * fs)
         timeout = s.burst_lead_s + n / fs + 5.0
-        rx = self.ring.read(max(start, 0), n, timeout)
+        try:
+            rx = self.ring.read(max(start, 0), n, timeout)
+        except LinkFailed as exc:
+            try:
+                self.rx_proc.check_alive()  # a dead receiver says so, with its log
+            except FlowgraphError as dead:
+                raise LinkFailed(f"usrp link failed at {where}: {dead}") from dead
+            raise LinkFailed(f"usrp link failed at {where}: {exc}") from exc
+        except LinkError as exc:
+            raise LinkError(f"usrp link: upload of {where} lost: {exc}") from exc
         return Carried(rx.astype(np.complex128), scaled.size, rx.size, {"tx_time_s": tx_time})
 
     def transmit(
@@ -203,20 +270,27 @@ class UsrpLink(FrameLink):
     ) -> Reception:
         for proc in (self.tx_proc, self.rx_proc):
             if proc is None:
-                raise LinkError("usrp link is closed")
+                raise LinkFailed("usrp link is closed")
             try:
                 proc.check_alive()
             except FlowgraphError as exc:
-                raise LinkError(f"usrp link: {exc}") from exc
+                raise LinkFailed(
+                    f"usrp link failed at device {device}, round {round_index}: {exc}"
+                ) from exc
         return super().transmit(device=device, round_index=round_index, symbols=symbols, rng=rng)
 
     def close(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
-        for proc in (self.tx_proc, self.rx_proc):
-            if proc is not None:
-                proc.stop()
-        self.tx_proc = self.rx_proc = None
-        self.push.close(0)
+        """Stop both flowgraphs, the reader thread and the socket. Idempotent."""
+        try:
+            if self.ring is not None:
+                self.ring.close()
+                self.ring = None
+        finally:
+            try:
+                for proc in (self.tx_proc, self.rx_proc):
+                    if proc is not None:
+                        proc.stop()
+            finally:
+                self.tx_proc = self.rx_proc = None
+                self.push.close(0)
 

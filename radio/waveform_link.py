@@ -95,18 +95,22 @@ class WaveformLink(FrameLink):
                 device=device, round_index=round_index, symbols=symbols, rng=rng
             )
         x = np.asarray(symbols)
+        where = (
+            f"waveform link (replay of '{self.replay_dir}'): upload of device {device}, "
+            f"round {round_index} lost"
+        )
         try:
             rec = read_recording(self.replay_dir, device, round_index)
         except FileNotFoundError as exc:
-            raise LinkError(str(exc)) from exc
+            raise LinkError(f"{where}: {exc}") from exc
         if rec.n_payload != x.size:
             raise LinkError(
-                f"recording of device {device}, round {round_index} carries "
+                f"{where}: recording of device {device}, round {round_index} carries "
                 f"{rec.n_payload} symbols, the upload has {x.size}"
             )
         if rec.sample_rate_hz != self.waveform.sample_rate_hz:
             raise LinkError(
-                f"recording sample rate {rec.sample_rate_hz} Hz != waveform "
+                f"{where}: recording sample rate {rec.sample_rate_hz} Hz != waveform "
                 f"{self.waveform.sample_rate_hz} Hz"
             )
         carried = Carried(

@@ -28,6 +28,31 @@ class StreamError(RuntimeError):
     """Samples went missing, arrived in excess, or the peer stopped answering."""
 
 
+class StreamTimeout(StreamError):
+    """An upload was not fully back in time.
+
+    Attributes
+    ----------
+    expected
+        Samples of the upload.
+    received
+        How many of them came back before the deadline.
+    produced
+        Samples of any kind (pre-roll, earlier flush, this upload) that arrived during the
+        exchange: 0 means the peer produced nothing at all while it was waited for.
+    """
+
+    def __init__(self, message: str, *, expected: int, received: int, produced: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+        self.produced = produced
+
+
+class StreamBroken(StreamError):
+    """The stream's sample accounting no longer holds; later uploads cannot be aligned."""
+
+
 class SampleStream:
     """A PUSH/PULL pair to one flowgraph, with running sample counters.
 
@@ -89,7 +114,7 @@ class SampleStream:
             ``complex64``, shape ``(n,)``: output sample ``i`` of this upload.
         """
         if self.pull is None:
-            raise StreamError("stream is not connected to a flowgraph output")
+            raise StreamBroken("stream is not connected to a flowgraph output")
         tx = np.concatenate(
             [
                 np.zeros(preroll, np.complex64),
@@ -104,6 +129,7 @@ class SampleStream:
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.push, zmq.POLLOUT)
         offset = 0
+        received_before = self.received_total
         deadline = time.monotonic() + timeout_s
         next_check = 0.0
         while self.received_total < end:
@@ -112,10 +138,14 @@ class SampleStream:
                 alive()
                 next_check = now + 0.2
             if now > deadline:
-                raise StreamError(
+                back = min(max(self.received_total - start, 0), samples.size)
+                raise StreamTimeout(
                     f"samples missing: upload of {samples.size} samples, "
-                    f"{max(self.received_total - start, 0)} came back within {timeout_s:.1f} s "
-                    f"(sent in total {self.sent_total}, received {self.received_total})"
+                    f"{back} came back within {timeout_s:.1f} s "
+                    f"(sent in total {self.sent_total}, received {self.received_total})",
+                    expected=int(samples.size),
+                    received=int(back),
+                    produced=int(self.received_total - received_before),
                 )
             events = dict(poller.poll(50))
             if offset < tx.size and events.get(self.push, 0) & zmq.POLLOUT:
@@ -136,12 +166,14 @@ class SampleStream:
 
     def _take(self, msg: bytes, start: int, end: int, out: np.ndarray) -> None:
         if len(msg) % 8:
-            raise StreamError(f"message of {len(msg)} bytes is not a whole number of samples")
+            raise StreamBroken(
+                f"message of {len(msg)} bytes is not a whole number of samples"
+            )
         data = np.frombuffer(msg, dtype=np.complex64)
         first = self.received_total
         self.received_total += data.size
         if self.received_total > self.sent_total:
-            raise StreamError(
+            raise StreamBroken(
                 f"received {self.received_total} samples but sent only {self.sent_total}"
             )
         lo, hi = max(first, start), min(self.received_total, end)

@@ -1,37 +1,75 @@
-"""Defer Ctrl-C / SIGTERM while a group of files is being committed."""
+"""Graceful stop on Ctrl-C / SIGTERM: finish the upload under way, transmit nothing more.
+
+The first SIGINT or SIGTERM only sets :attr:`StopSignals.requested`; the runner checks it
+before every transmission and between rounds, so a stop never charges privacy for an upload
+that did not go on air and never splits a commit. A second signal outside a critical
+section (journal -> transmit -> ledger -> keep, or a round's commit) raises
+``KeyboardInterrupt`` at once; inside one it is held until the section ends.
+"""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 
-@contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block ends, then raise ``KeyboardInterrupt``.
+class StopSignals:
+    """Context manager installing the handlers (a no-op outside the main thread)."""
 
-    Used around the end-of-round commit (metrics line, ledger, checkpoint) so an interrupt
-    never splits it. Outside the main thread (where handlers cannot be set) it is a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
+    def __init__(self) -> None:
+        self.requested = False
+        self._depth = 0
+        self._forced = False
+        self._previous: dict[int, Any] = {}
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.requested:
+            self.requested = True
+            name = signal.Signals(signum).name
+            print(
+                f"\n{name}: stopping before the next transmission (again to stop at once)",
+                file=sys.stderr,
+            )
+            return
+        if self._depth > 0:
+            self._forced = True
+            return
+        raise KeyboardInterrupt
 
-    previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, hold)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-        if received:
+        self._previous.clear()
+
+    def check(self) -> None:
+        """Raise ``KeyboardInterrupt`` if a stop was requested (call at safe points)."""
+        if self.requested:
             raise KeyboardInterrupt
+
+    @contextmanager
+    def critical(self) -> Iterator[None]:
+        """A section no signal may split; a forced stop is raised when it ends."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._forced:
+                self._forced = False
+                raise KeyboardInterrupt

@@ -10,6 +10,10 @@ from radio.symbol_link import ChannelParams, SymbolLink
 from radio.waveform_channel import EmulatorParams
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
+from testbed.config.loader import ConfigError
+
+#: Links that carry I/Q samples and can therefore record them (``record: true``).
+RECORDING_LINKS: tuple[str, ...] = ("waveform", "gnuradio", "usrp")
 
 
 def channel_params(exp: ExperimentConfig, hw: HardwareConfig) -> ChannelParams:
@@ -65,7 +69,30 @@ def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:
     return exp.link or hw.link
 
 
-def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None = None) -> Link:
+def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool) -> None:
+    """Refuse link settings that cannot work, before anything is started.
+
+    Raises
+    ------
+    ConfigError
+        ``record`` asked of a link that carries no I/Q samples (``symbol``).
+    """
+    name = link_name(exp, hw)
+    if record and name not in RECORDING_LINKS:
+        raise ConfigError(
+            f"config key 'record': got true, but link '{name}' carries symbols, not I/Q "
+            "samples, so there is nothing to record; allowed only with links "
+            f"{', '.join(repr(n) for n in RECORDING_LINKS)} (e.g. --set link=waveform)"
+        )
+
+
+def make_link(
+    exp: ExperimentConfig,
+    hw: HardwareConfig,
+    record_dir: Path | None = None,
+    *,
+    log_dir: Path | None = None,
+) -> Link:
     """Construct (and for process-backed links, start) the experiment's link.
 
     Parameters
@@ -73,8 +100,21 @@ def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None
     record_dir
         When given (``record: true``), links that handle I/Q store each received upload
         there as SigMF and log per-frame estimates to ``frames.jsonl``.
+    log_dir
+        Folder for the logs of the link's flowgraph processes (``channel_emulator.log``,
+        ``tx.log``, ``rx.log``; kept, e.g. the run directory). ``None``: anonymous
+        temporary files that are gone once the link is closed. Ignored by in-process links.
+
+    Raises
+    ------
+    ConfigError
+        ``record`` asked of a link that carries no I/Q (``symbol``).
+    radio.link.LinkFailed
+        The link could not be started (flowgraph start-up failed, no USRP found); the
+        message says why. Nothing the attempt started is left running.
     """
     name = link_name(exp, hw)
+    check_link_config(exp, hw, record=record_dir is not None or exp.record)
     if name == "symbol":
         return SymbolLink(channel_params(exp, hw))
     confidence = exp.privacy.n0_confidence
@@ -98,6 +138,7 @@ def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None
             fading_seed=g.fading_seed,
             python=g.python,
             startup_timeout_s=g.startup_timeout_s,
+            log_dir=log_dir,
             confidence=confidence, record_dir=record_dir, center_freq_hz=hw.center_freq_hz,
             hw_name=hw.name,
         )
@@ -122,7 +163,7 @@ def make_link(exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None
             python=hw.gnuradio.python,
         )
         return UsrpLink(
-            waveform_params(hw), settings, confidence=confidence, record_dir=record_dir,
-            center_freq_hz=hw.center_freq_hz, hw_name=hw.name,
+            waveform_params(hw), settings, log_dir=log_dir, confidence=confidence,
+            record_dir=record_dir, center_freq_hz=hw.center_freq_hz, hw_name=hw.name,
         )
     raise ValueError(f"link: got {name!r}; allowed: 'symbol', 'waveform', 'gnuradio', 'usrp'")

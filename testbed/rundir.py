@@ -8,19 +8,28 @@ Layout::
     RUN/run_secret         256-bit mask secret (mode 0600), shared with the devices
     RUN/metrics.jsonl      one JSON line per completed round, appended and fsynced
     RUN/ledger.jsonl       privacy ledger (DP schemes), appended and fsynced
-    RUN/checkpoint.npz     global model after the last completed round (atomic replace)
+    RUN/checkpoint.npz     global model and metrics line of the last completed round
+                           (atomic replace)
+    RUN/inflight/          uploads received in the round under way (one file per device,
+                           atomic), so a resumed round reuses them instead of re-transmitting
     RUN/summary.json       written at the end (or on interruption), atomic replace
+    RUN/.lock              held (flock) by the one process using the directory
 
 Files are only appended or atomically replaced, so a crash or Ctrl-C at any point leaves
 every file either in its previous or its new complete state (a torn last line of a JSONL
-file is dropped on reading).
+file is dropped on reading). A round is committed by writing the checkpoint (which carries
+the round's metrics line) and then appending the metrics line; a crash between the two is
+rolled forward on resume from the checkpoint.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -119,11 +128,49 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-class RunDir:
-    """Files of one run. Use :meth:`create` for a new run, :meth:`open` to resume."""
+def _lock(path: Path) -> int:
+    """Take the exclusive lock of run directory ``path``; returns the lock's descriptor.
 
-    def __init__(self, path: Path) -> None:
+    The lock is an ``flock`` on ``path/.lock``: the kernel releases it when the holder exits
+    or dies, so a lock left by a killed process is never mistaken for a live one (the
+    file's text then names a process that no longer holds it: a stale lock, taken over).
+    """
+    lock_path = path / ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        os.close(fd)
+        raise RunDirError(
+            f"run directory '{path}' is in use by another process ({holder}); wait for it "
+            f"to end or stop it first"
+        ) from None
+    os.ftruncate(fd, 0)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    os.pwrite(fd, f"pid {os.getpid()} on {platform.node()} since {stamp}\n".encode(), 0)
+    return fd
+
+
+class RunDir:
+    """Files of one run. Use :meth:`create` for a new run, :meth:`open` to resume.
+
+    Both take the directory's exclusive lock, held until :meth:`close` (or process exit).
+    """
+
+    def __init__(self, path: Path, lock_fd: int | None = None) -> None:
         self.path = path
+        self._lock_fd = lock_fd
+
+    def close(self) -> None:
+        """Release the directory's lock. Idempotent."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @property
+    def inflight_path(self) -> Path:
+        return self.path / "inflight"
 
     @property
     def metrics_path(self) -> Path:
@@ -147,21 +194,37 @@ class RunDir:
 
     @classmethod
     def create(cls, path: Path) -> RunDir:
-        """Make a new, empty run directory; refuse one that already holds a run."""
-        if path.exists() and any(path.iterdir()):
+        """Make a new, empty run directory and lock it; refuse one that holds anything."""
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"--out '{path}' exists and is not a directory")
+        if path.exists() and any(p.name != ".lock" for p in path.iterdir()):
             raise RunDirError(
                 f"run directory '{path}' already exists and is not empty; choose another "
                 f"--out, or continue it with `testbed run --resume {path}`"
             )
-        path.mkdir(parents=True, exist_ok=True)
-        return cls(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"--out '{path}': cannot create the directory: {exc}") from None
+        fd = _lock(path)
+        if any(p.name != ".lock" for p in path.iterdir()):  # another process got there first
+            os.close(fd)
+            raise RunDirError(f"run directory '{path}' was filled by another process")
+        return cls(path, fd)
 
     @classmethod
     def open(cls, path: Path) -> RunDir:
-        """Open an existing run for resuming."""
+        """Open an existing run for resuming, and lock it."""
+        if not path.is_dir():
+            raise RunDirError(f"--resume '{path}': no such run directory")
         if not (path / "config.yaml").is_file():
-            raise RunDirError(f"'{path}' is not a run directory (no config.yaml)")
-        return cls(path)
+            raise RunDirError(f"--resume '{path}': not a run directory (no config.yaml)")
+        return cls(path, _lock(path))
+
+    def remove(self) -> None:
+        """Delete the whole directory (a run that never started) and release the lock."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
 
     def write_text(self, name: str, text: str, mode: int = 0o644) -> None:
         """Atomically write a text file in the run directory."""
@@ -187,12 +250,80 @@ class RunDir:
         atomic_write_bytes(self.checkpoint_path, buf.getvalue())
 
     def load_checkpoint(self) -> tuple[int, np.ndarray, dict[str, Any]] | None:
-        """``(last completed round, weights, extra)`` or ``None`` if no round completed."""
+        """``(last completed round, weights, extra)`` or ``None`` if no round completed.
+
+        Raises
+        ------
+        RunDirError
+            If the file exists but cannot be read (naming it).
+        """
         if not self.checkpoint_path.exists():
             return None
-        with np.load(self.checkpoint_path) as z:
-            extra = json.loads(bytes(z["extra"]).decode())
-            return int(z["round_index"]), z["weights"].copy(), extra
+        try:
+            with np.load(self.checkpoint_path) as z:
+                extra = json.loads(bytes(z["extra"]).decode())
+                return int(z["round_index"]), z["weights"].copy(), extra
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error
+            raise RunDirError(
+                f"{self.checkpoint_path}: unreadable checkpoint ({type(exc).__name__}: {exc})"
+            ) from None
+
+    def save_inflight(
+        self, round_index: int, device: int, decoded: np.ndarray | None, info: dict[str, Any]
+    ) -> None:
+        """Durably keep device ``device``'s received upload of the round under way.
+
+        ``decoded`` is the decoded differential (``float64``, shape ``(d,)``), ``None`` for
+        an upload the receiver lost; ``info`` is its metrics entry.
+        """
+        import io
+
+        self.inflight_path.mkdir(exist_ok=True)
+        buf = io.BytesIO()
+        arrays: dict[str, Any] = {"info": np.frombuffer(dumps(info).encode(), dtype=np.uint8)}
+        if decoded is not None:
+            arrays["decoded"] = np.asarray(decoded, dtype=np.float64)
+        np.savez(buf, **arrays)
+        atomic_write_bytes(self.inflight_path / f"r{round_index}-d{device}.npz", buf.getvalue())
+
+    def load_inflight(
+        self, round_index: int
+    ) -> dict[int, tuple[np.ndarray | None, dict[str, Any]]]:
+        """Uploads of round ``round_index`` kept by :meth:`save_inflight`, by device."""
+        out: dict[int, tuple[np.ndarray | None, dict[str, Any]]] = {}
+        if not self.inflight_path.is_dir():
+            return out
+        for f in sorted(self.inflight_path.glob(f"r{round_index}-d*.npz")):
+            try:
+                with np.load(f) as z:
+                    info = json.loads(bytes(z["info"]).decode())
+                    vec = z["decoded"].copy() if "decoded" in z.files else None
+            except Exception as exc:  # noqa: BLE001
+                raise RunDirError(f"{f}: unreadable in-flight upload ({exc})") from None
+            out[int(f.stem.split("-d")[1])] = (vec, info)
+        return out
+
+    def clear_inflight_before(self, round_index: int) -> None:
+        """Drop kept uploads of rounds before ``round_index`` (their round is committed)."""
+        if not self.inflight_path.is_dir():
+            return
+        for f in self.inflight_path.glob("r*-d*.npz"):
+            if int(f.stem[1:].split("-d")[0]) < round_index:
+                f.unlink()
+        fsync_dir(self.inflight_path)
+
+    def commit_round(
+        self, round_index: int, weights: np.ndarray, extra: dict[str, Any], line: dict[str, Any]
+    ) -> None:
+        """Commit a completed round: checkpoint (carrying ``line``), metrics line, then drop
+        the round's in-flight uploads. A crash after the checkpoint is rolled forward by
+        :meth:`roll_forward`."""
+        self.save_checkpoint(round_index, weights, {**extra, "metrics_line": line})
+        from testbed.faults import fault_point
+
+        fault_point("after_checkpoint")
+        self.append_metrics(line)
+        self.clear_inflight_before(round_index + 1)
 
     def truncate_metrics_after(self, last_round: int) -> None:
         """Drop metric lines of rounds after ``last_round`` (left by a crash mid-round)."""

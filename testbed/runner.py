@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +22,12 @@ import torch
 from aggregator.aggregate import average, global_update
 from aggregator.decoder import decode_differential, project_coordinates
 from aggregator.evaluate import evaluate
-from aggregator.privacy import UploadEvent
+from aggregator.privacy import LedgerError, UploadEvent
 from aggregator.privacy_book import PrivacyBook
 from edge_device.trainer import LocalTrainer
 from edge_device.uplink import UplinkEncoder, UplinkSettings
 from radio.analog import n_symbols_for
-from radio.link import ChannelState, Link, LinkError, Reception
+from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed import __version__
 from testbed.config.experiment import ExperimentConfig
@@ -34,12 +35,14 @@ from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import dump_yaml, load_experiment, load_hardware
 from testbed.data.datasets import Dataset, load_dataset
 from testbed.data.partition import iid_partition, noniid_partition
-from testbed.interrupts import deferred_interrupts
+from testbed.faults import fault_point, log_air
+from testbed.interrupts import StopSignals
 from testbed.links import link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
 from testbed.protocol import UploadHeader
-from testbed.rundir import RunDir
+from testbed.recovery import directory_is_pristine, resume_point
+from testbed.rundir import RunDir, RunDirError
 from testbed.schemes import resolve_uplinks
 from testbed.seeding import Stream, experiment_generator, new_run_secret
 
@@ -161,7 +164,6 @@ class Experiment:
             )
             for up in self.uplinks
         ]
-        self.diverged_reason = ""
         self.book: PrivacyBook | None = None
         if any(up.mechanism != "none" for up in self.uplinks):
             self.book = PrivacyBook(
@@ -173,50 +175,68 @@ class Experiment:
         self.w = get_flat(self.model)
 
     def run(self, start_round: int = 0) -> dict[str, Any]:
-        """Run rounds ``start_round .. rounds-1``; returns the summary."""
+        """Run rounds ``start_round .. rounds-1``; returns the summary.
+
+        Never raises for an outcome: the summary's ``status`` (one of :data:`OUTCOMES`) and
+        ``reason`` say how the run ended, and the run directory's lock is released.
+        """
         cfg = self.cfg
         t_start = time.perf_counter()
-        status = "completed"
-        last_eval: dict[str, float] = {}
+        status, reason = "completed", ""
         record_dir = self.rundir.recordings_path if cfg.record else None
         bar = _progress_bar(cfg.rounds, start_round, enabled=self.progress)
         try:
-            with make_link(cfg, self.hw, record_dir) as link:
+            with StopSignals() as stop, make_link(
+                cfg, self.hw, record_dir, log_dir=self.rundir.path
+            ) as link:
                 for t in range(start_round, cfg.rounds):
-                    line = self._round(t, link)
+                    stop.check()
+                    line = self._round(t, link, stop)
                     if line is None:
                         status = "budget_exhausted"
+                        reason = (
+                            f"round {t}: no device can upload without passing its epsilon "
+                            f"target {cfg.privacy.epsilon} ({cfg.privacy.accounting} accounting)"
+                        )
                         break
-                    if "test_accuracy" in line:
-                        last_eval = {
-                            "test_accuracy": line["test_accuracy"],
-                            "test_loss": line["test_loss"],
-                        }
-                    with deferred_interrupts():
-                        self.rundir.append_metrics(line)
-                        self.rundir.save_checkpoint(t, self.w, {"d": self.d})
+                    with stop.critical():
+                        self.rundir.commit_round(t, self.w, {"d": self.d}, line)
                     if self.on_round is not None:
                         self.on_round(line)
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix(
-                            loss=f"{line['train_loss']:.3f}",
-                            acc=f"{last_eval.get('test_accuracy', float('nan')):.3f}",
-                        )
+                        bar.set_postfix(self._progress_fields(line))
         except KeyboardInterrupt:
-            status = "interrupted"
-            raise
+            status, reason = "interrupted", "stopped by a signal (SIGINT/SIGTERM)"
+        except LinkFailed as exc:
+            status, reason = "link_failed", str(exc)
         except TrainingDiverged as exc:
-            status = "diverged"
-            self.diverged_reason = str(exc)
+            status, reason = "diverged", str(exc)
+        except Exception as exc:  # noqa: BLE001 - every other failure is reported, not lost
+            status, reason = "failed", f"{type(exc).__name__}: {exc}"
+            (self.rundir.path / "error.log").write_text(traceback.format_exc())
         finally:
             if bar is not None:
                 bar.close()
-            summary = self._summary(status, time.perf_counter() - t_start)
+            summary = self._summary(status, reason, time.perf_counter() - t_start)
             if self.book is not None:
                 self.book.close()
             self.rundir.write_summary(summary)
+            self.rundir.close()
         return summary
+
+    def _progress_fields(self, line: dict[str, Any]) -> dict[str, str]:
+        fields = {"loss": f"{line['train_loss']:.3f}"}
+        if "test_accuracy" in line:
+            self._last_accuracy = line["test_accuracy"]
+        fields["acc"] = f"{getattr(self, '_last_accuracy', float('nan')):.3f}"
+        if self.book is not None:
+            spent = max(
+                self.book.epsilon(i)[self.cfg.privacy.accounting].epsilon
+                for i in range(self.cfg.devices)
+            )
+            fields["eps_max"] = f"{spent:.3g}"
+        return fields
 
     def _event(self, i: int, t: int, state: ChannelState | None) -> UploadEvent:
         """The privacy event of device ``i``'s upload in round ``t`` given a channel state.
@@ -242,39 +262,49 @@ class Experiment:
             quantizer_scale=up.quantizer_scale,
         )
 
-    def _gate(self, t: int, link: Link) -> tuple[list[bool], list[np.random.Generator]]:
-        """Per device: may it upload in round ``t``, and its channel generator."""
+    def _gate(
+        self, t: int, link: Link, skip: set[int]
+    ) -> tuple[list[UploadEvent | None], list[np.random.Generator]]:
+        """Per device: the gated event of its upload in round ``t`` (``None``: it may not
+        upload), and its channel generator. Devices in ``skip`` already uploaded."""
         cfg = self.cfg
-        allowed, rngs = [], []
+        gated_events: list[UploadEvent | None] = []
+        rngs = []
         for i, up in enumerate(self.uplinks):
             ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
-            state = link.probe(device=i, round_index=t, n_symbols=n_symbols_for(up.l), rng=ch_rng)
             rngs.append(ch_rng)
-            if self.book is None:
-                allowed.append(True)
+            if i in skip:
+                gated_events.append(None)
                 continue
+            state = link.probe(device=i, round_index=t, n_symbols=n_symbols_for(up.l), rng=ch_rng)
             # Only a link whose reception reports exactly the probed state may have the
             # budget checked against it; otherwise assume no channel-noise credit.
-            check_state = state if link.exact_state else None
-            gated = self._event(i, t, check_state)
-            ok = self.book.allows(gated)
-            allowed.append(ok)
-            if ok:
-                self.book.begin(gated)
-        return allowed, rngs
+            gated = self._event(i, t, state if link.exact_state else None)
+            ok = self.book is None or self.book.allows(gated)
+            gated_events.append(gated if ok else None)
+        return gated_events, rngs
 
-    def _round(self, t: int, link: Link) -> dict[str, Any] | None:
+    def _round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
         cfg = self.cfg
         timer = StageTimer()
         t0 = time.perf_counter()
-        allowed, ch_rngs = timer.timed("gate", lambda: self._gate(t, link))
-        if not any(allowed):
+        kept = self.rundir.load_inflight(t)  # uploads of this round before an interruption
+        gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept)))
+        if not kept and all(g is None for g in gated):
             return None
         decoded: list[np.ndarray] = []
         losses: list[float] = []
         per_device: list[dict[str, Any]] = []
         for i, trainer in enumerate(self.trainers):
-            if not allowed[i]:
+            if i in kept:
+                vec, info = kept[i]
+                if vec is not None:
+                    decoded.append(vec)
+                losses.append(info["train_loss"])
+                per_device.append({**info, "resumed": True})
+                continue
+            event = gated[i]
+            if event is None:
                 per_device.append({"device": i, "transmitted": False})
                 continue
             mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
@@ -294,58 +324,24 @@ class Experiment:
                     g, device=i, round_index=t, quant_rng=r
                 ),
             )
-            try:
-                reception = timer.timed(
-                    "link",
-                    lambda u=upload, i=i: link.transmit(
-                        device=i, round_index=t, symbols=u.symbols, rng=ch_rngs[i]
-                    ),
-                )
-            except LinkError as exc:
-                # The device transmitted but the receiver lost the upload (e.g. a deep fade
-                # on the preamble): it still counts for privacy, with no channel credit.
-                if self.book is not None:
-                    self.book.commit(self._event(i, t, None))
-                per_device.append(
-                    {"device": i, "transmitted": True, "lost": True, "error": str(exc)}
-                )
-                continue
-            info = reception_metrics(reception, upload.symbols)
-            info["device"] = i
-            info["transmitted"] = True
-            if self.book is not None:
-                # Recorded (fsynced) before the values are used: the upload has happened.
-                self.book.commit(self._event(i, t, reception.state))
-                eps = self.book.epsilon(i)
-                info["epsilon_paper"] = eps["paper"].epsilon
-                info["epsilon_strict"] = eps["strict"].epsilon
-            g_hat = timer.timed(
-                "decode",
-                lambda rec=reception, u=upload: decode_differential(rec, u.header, self._mask),
-            )
-            if cfg.project_decoded and cfg.clip.mode == "coordinate":
-                up = self.uplinks[i]
-                g_hat = project_coordinates(
-                    g_hat, (self.d / up.l) * cfg.clip.bound / np.sqrt(self.d)
-                )
-            decoded.append(g_hat)
-            info["energy_comm_j"] = (
-                upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
-            )
-            info["energy_comp_j"] = cfg.energy.e_comp_j
-            info["alpha"] = upload.header.alpha
-            info["sigma"] = self.uplinks[i].sigma
+            stop.check()  # a requested stop never lets another upload go on air
+            with stop.critical():
+                info, g_hat = self._transmit(t, i, event, upload, link, ch_rngs[i], timer)
+                info["train_loss"] = local.mean_loss
+                self.rundir.save_inflight(t, i, g_hat, info)
+                fault_point("after_inflight")
+            if g_hat is not None:
+                decoded.append(g_hat)
             per_device.append(info)
         self.w = timer.timed(
             "aggregate", lambda: global_update(self.w, average(decoded, cfg.devices), cfg.lr)
         )
-        received = len(decoded)
-        if not decoded:
-            decoded.append(np.zeros(self.d))  # every upload of the round was lost
+        lost = [d["device"] for d in per_device if d.get("lost")]
         line: dict[str, Any] = {
             "round": t,
             "train_loss": float(np.mean(losses)),
-            "uploads": received,
+            "uploads": len(decoded),
+            "lost_uploads": len(lost),
         }
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds:
             ev = timer.timed(
@@ -359,22 +355,81 @@ class Experiment:
         line["wall_s"]["round"] = round(time.perf_counter() - t0, 6)
         return line
 
+    def _transmit(
+        self,
+        t: int,
+        i: int,
+        gated: UploadEvent,
+        upload: Any,
+        link: Link,
+        rng: np.random.Generator,
+        timer: StageTimer,
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
+        """Journal, transmit, record and decode device ``i``'s upload of round ``t``.
+
+        Returns its metrics entry and decoded differential (``None`` when lost). A dead
+        link raises :class:`LinkFailed` after the upload is recorded without channel credit.
+        """
+        nonce = self.book.begin(gated) if self.book is not None else None
+        fault_point("after_intent")
+        log_air(i, t, nonce)
+        try:
+            reception = timer.timed(
+                "link",
+                lambda: link.transmit(device=i, round_index=t, symbols=upload.symbols, rng=rng),
+            )
+        except LinkError as exc:
+            # It may have gone on air: it counts for privacy, with no channel credit.
+            if self.book is not None:
+                assert nonce is not None
+                self.book.commit(self._event(i, t, None), nonce)
+            if isinstance(exc, LinkFailed):
+                raise
+            return {"device": i, "transmitted": True, "lost": True, "error": str(exc)}, None
+        fault_point("after_transmit")
+        info = reception_metrics(reception, upload.symbols)
+        info["device"] = i
+        info["transmitted"] = True
+        if self.book is not None:
+            assert nonce is not None
+            self.book.commit(self._event(i, t, reception.state), nonce)
+            fault_point("after_commit")
+            eps = self.book.epsilon(i)
+            info["epsilon_paper"] = eps["paper"].epsilon
+            info["epsilon_strict"] = eps["strict"].epsilon
+        g_hat = timer.timed(
+            "decode", lambda: decode_differential(reception, upload.header, self._mask)
+        )
+        if self.cfg.project_decoded and self.cfg.clip.mode == "coordinate":
+            up = self.uplinks[i]
+            g_hat = project_coordinates(
+                g_hat, (self.d / up.l) * self.cfg.clip.bound / np.sqrt(self.d)
+            )
+        info["energy_comm_j"] = (
+            upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
+        )
+        info["energy_comp_j"] = self.cfg.energy.e_comp_j
+        info["alpha"] = upload.header.alpha
+        info["sigma"] = self.uplinks[i].sigma
+        return info, g_hat
+
     def _mask(self, header: UploadHeader) -> np.ndarray:
         return sparsify_mask(
             self.run_secret, header.device, header.round_index, header.d, header.n_values
         )
 
-    def _summary(self, status: str, wall: float) -> dict[str, Any]:
+    def _summary(self, status: str, reason: str, wall: float) -> dict[str, Any]:
         metrics = self.rundir.metrics()
-        ckpt = self.rundir.load_checkpoint()
-        completed = 0 if ckpt is None else ckpt[0] + 1  # the files are the truth
+        completed = len(metrics)  # the files are the truth (one line per committed round)
         evals = [m for m in metrics if "test_accuracy" in m]
         energy = np.zeros(self.cfg.devices)
         energy_comp = np.zeros(self.cfg.devices)
+        lost = np.zeros(self.cfg.devices, dtype=int)
         for m in metrics:
             for dev in m.get("devices", []):
                 energy[dev["device"]] += dev.get("energy_comm_j", 0.0)
                 energy_comp[dev["device"]] += dev.get("energy_comp_j", 0.0)
+                lost[dev["device"]] += int(bool(dev.get("lost")))
         devices = []
         for i, up in enumerate(self.uplinks):
             entry: dict[str, Any] = {
@@ -402,7 +457,8 @@ class Experiment:
             devices.append(entry)
         return {
             "status": status,
-            **({"reason": self.diverged_reason} if status == "diverged" else {}),
+            "reason": reason,
+            "exit_code": exit_code(status, completed, self.cfg),
             "scheme": self.cfg.scheme,
             "link": link_name(self.cfg, self.hw),
             "rounds_completed": completed,
@@ -411,6 +467,8 @@ class Experiment:
             "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
             "best_accuracy": max((m["test_accuracy"] for m in evals), default=None),
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
+            "lost_uploads": int(lost.sum()),
+            "lost_uploads_per_device": lost.tolist(),
             "energy_comm_j_per_device": energy.tolist(),
             "energy_comp_j_per_device": energy_comp.tolist(),
             "privacy": {
@@ -462,28 +520,95 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run ``cfg`` into a new run directory ``out_dir``; returns the summary.
 
-    Everything is validated (configs, data, link) before the first round.
+    Everything is validated (configs, data, link) before the first round. A run that
+    fails or is stopped before anything went on air leaves no directory behind.
     """
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
-    rundir = RunDir.create(Path(out_dir))
-    _write_metadata(rundir, cfg, hw)
-    exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)
-    return exp.run(0)
+    out_dir = Path(out_dir)
+    rundir = RunDir.create(out_dir)
+    try:
+        _write_metadata(rundir, cfg, hw)
+        exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)
+    except BaseException:
+        rundir.remove()
+        raise
+    summary = exp.run(0)
+    if (
+        summary["status"] in ("failed", "link_failed", "interrupted")
+        and summary["rounds_completed"] == 0
+        and directory_is_pristine(out_dir)
+    ):
+        rundir.remove()
+        summary["run_dir_removed"] = True
+    return summary
 
 
 def resume_experiment(
     run_dir: Path, *, progress: bool = False, on_round: RoundCallback | None = None
 ) -> dict[str, Any]:
-    """Continue an interrupted run from its last completed round."""
+    """Continue an interrupted run from its last completed round.
+
+    Raises
+    ------
+    RunDirError
+        When the run's files are missing or disagree (see :mod:`testbed.recovery`).
+    """
     rundir = RunDir.open(Path(run_dir))
-    cfg = load_experiment(rundir.path / "config.yaml")
-    hw = load_hardware(str(rundir.path / "hw_config.yaml"))
-    exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)
-    ckpt = rundir.load_checkpoint()
-    start = 0
-    if ckpt is not None:
-        last, weights, _ = ckpt
-        exp.w = weights
-        start = last + 1
-    rundir.truncate_metrics_after(start - 1)
-    return exp.run(start)
+    try:
+        cfg = load_experiment(rundir.path / "config.yaml")
+        hw = load_hardware(str(rundir.path / "hw_config.yaml"))
+        point = resume_point(rundir, private=cfg.scheme != "fedavg")
+        try:
+            exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)
+        except LedgerError as exc:
+            raise RunDirError(str(exc)) from None
+    except BaseException:
+        rundir.close()
+        raise
+    if point.weights is not None:
+        exp.w = point.weights
+    return exp.run(point.next_round)
+
+
+#: Every way a run can end (``summary.json`` ``status``).
+OUTCOMES = ("completed", "budget_exhausted", "diverged", "link_failed", "interrupted", "failed")
+_EXIT_CODES = {
+    "completed": 0,
+    "failed": 1,
+    "budget_exhausted": 3,
+    "diverged": 4,
+    "link_failed": 5,
+    "interrupted": 130,
+}
+
+
+def exit_code(status: str, rounds_completed: int, cfg: ExperimentConfig) -> int:
+    """The process exit code of an outcome: 0 only for ``completed``, and for
+    ``budget_exhausted`` after at least one round when ``privacy.stop_on_budget`` is set."""
+    if status == "budget_exhausted" and rounds_completed > 0 and cfg.privacy.stop_on_budget:
+        return 0
+    return _EXIT_CODES[status]
+
+
+def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
+    """One line for the console: status, rounds, accuracy, lost uploads, reason, where."""
+    acc = summary.get("final_accuracy")
+    text = (
+        f"run {summary['status']}: {summary['rounds_completed']}/{summary['rounds_planned']} "
+        f"rounds, final test accuracy {'n/a' if acc is None else f'{acc:.4f}'}"
+    )
+    if summary.get("lost_uploads"):
+        text += f", {summary['lost_uploads']} uploads lost"
+    eps = [
+        d.get(f"epsilon_{summary['privacy']['enforced_accounting']}")
+        for d in summary["privacy"]["devices"]
+    ]
+    eps = [e for e in eps if isinstance(e, int | float)]
+    if eps:
+        text += f", max epsilon {max(eps):.3g}"
+    text += f", {summary['wall_time_s']:.1f} s"
+    if summary.get("reason"):
+        text += f" ({summary['reason']})"
+    if summary.get("run_dir_removed"):
+        return text + "; nothing went on air, run directory removed"
+    return text + f" -> {run_dir}"

@@ -56,7 +56,7 @@ def test_noiseless_channel_equals_reference_fedavg(
         [*tiny_overrides, "model=mnist-cnn", "noiseless=true", "clip.mode=none", "fading=rayleigh"],
     )
     run_experiment(cfg, tmp_path / "run")
-    ckpt = RunDir.open(tmp_path / "run").load_checkpoint()
+    ckpt = RunDir(tmp_path / "run").load_checkpoint()
     assert ckpt is not None
     last, w_testbed, _ = ckpt
     assert last == cfg.rounds - 1
@@ -70,6 +70,6 @@ def test_noisy_channel_differs_from_reference(tmp_path: Path, tiny_overrides: li
     """Guards the exactness test: the comparison is sensitive to channel noise."""
     cfg = load_experiment(None, [*tiny_overrides, "clip.mode=none", "snr_db=10", "rounds=1"])
     run_experiment(cfg, tmp_path / "run")
-    ckpt = RunDir.open(tmp_path / "run").load_checkpoint()
+    ckpt = RunDir(tmp_path / "run").load_checkpoint()
     assert ckpt is not None
     assert np.max(np.abs(ckpt[1] - reference_fedavg(cfg))) > 1e-4

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.privacy import UploadEvent
+from aggregator.privacy import LedgerError, UploadEvent
 from aggregator.privacy_book import PrivacyBook
 
 
@@ -31,8 +31,8 @@ def test_intent_without_commit_is_recorded_conservatively(tmp_path: Path) -> Non
     path = tmp_path / "ledger.jsonl"
     book = PrivacyBook(path, delta=1e-5, enforce="strict", target=10.0)
     gated = _event(0, 0, n0=0.0, trusted=0.0)
-    book.begin(gated)
-    book.commit(_event(0, 0, n0=0.5, trusted=1.0))  # committed normally
+    nonce = book.begin(gated)
+    book.commit(_event(0, 0, n0=0.5, trusted=1.0), nonce)  # committed normally
     book.begin(_event(1, 0, n0=0.0, trusted=0.0))  # ... and then the process dies
     book.ledger.close()
     with pytest.warns(UserWarning, match="device 1 round 0"):
@@ -47,6 +47,31 @@ def test_intent_without_commit_is_recorded_conservatively(tmp_path: Path) -> Non
     third = PrivacyBook(path, delta=1e-5, enforce="strict", target=10.0)
     assert len(third.ledger.events()) == 2
     third.close()
+
+
+def test_a_rerun_round_is_matched_by_nonce_not_by_device_and_round(tmp_path: Path) -> None:
+    """Old bug: intents matched by (device, round) lost an on-air upload of a re-run round."""
+    path = tmp_path / "ledger.jsonl"
+    book = PrivacyBook(path, delta=1e-5, enforce="strict", target=10.0)
+    nonce = book.begin(_event(0, 0, n0=0.0, trusted=0.0))
+    book.commit(_event(0, 0, n0=0.5, trusted=1.0), nonce)  # first attempt at round 0 ...
+    book.begin(_event(0, 0, n0=0.0, trusted=0.0))  # ... round 0 re-run, killed after the air
+    book.close()
+    with pytest.warns(UserWarning, match="device 0 round 0"):
+        again = PrivacyBook(path, delta=1e-5, enforce="strict", target=10.0)
+    assert [(e.device, e.round) for e in again.ledger.events()] == [(0, 0), (0, 0)]
+    nonces = [e.nonce for e in again.ledger.entries()]
+    assert len(set(nonces)) == 2 and nonces[0] == nonce
+    again.close()
+
+
+def test_a_ledger_for_another_target_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    PrivacyBook(path, delta=1e-5, enforce="strict", target=10.0).close()
+    with pytest.raises(LedgerError, match="epsilon_target=10.0"):
+        PrivacyBook(path, delta=1e-5, enforce="strict", target=20.0)
+    with pytest.raises(LedgerError, match="accounting='strict'"):
+        PrivacyBook(path, delta=1e-5, enforce="paper", target=10.0)
 
 
 def test_guard_uses_the_enforced_accounting(tmp_path: Path) -> None:

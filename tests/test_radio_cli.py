@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,14 +63,104 @@ def test_probe_without_hardware_exits_zero(capsys: pytest.CaptureFixture[str]) -
         assert "gnuradio" in text
 
 
-def test_check_lab_ota_passes_without_hardware(capsys: pytest.CaptureFixture[str]) -> None:
+REPO = HW_DIR.parent
+
+
+def _loopback_config(tmp_path: Path, **extra: str) -> Path:
+    """lab_ota with both USRPs at 127.0.0.1 (UHD discovery never leaves the host)."""
+    text = (HW_DIR / "lab_ota.yaml").read_text()
+    text = text.replace("192.168.10.2", "127.0.0.1").replace("192.168.10.3", "127.0.0.1")
+    assert "192.168." not in text
+    for key, value in extra.items():
+        text += f"{key}:\n" + "".join(f"  {line}\n" for line in value.splitlines())
+    path = tmp_path / "lab_ota_loopback.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_check_lab_ota_builds_without_opening_devices(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default check builds tx/rx with null blocks: no UHD block, no discovery packet."""
     require_gnuradio()
-    rc = main(["radio", "check", str(HW_DIR / "lab_ota.yaml"), "--json"])
+    monkeypatch.chdir(REPO)
+    rc = main(["radio", "check", "hw_configs/lab_ota.yaml", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0, out
-    names = {c["check"] for c in out["checks"]}
-    assert {"build tx", "build rx", "build channel_emulator", "grc tx", "sample_rate"} <= names
-    assert all(c["ok"] for c in out["checks"])
+    checks = {c["check"]: c for c in out["checks"]}
+    expected = {"build tx", "build rx", "build channel_emulator", "grc tx", "sample_rate"}
+    assert expected <= set(checks)
+    for role, stand_in in (("tx", "null_sink"), ("rx", "null_source")):
+        device = checks[f"device {role}"]
+        assert device["status"] == "not opened" and device["ok"] is None, device
+        built = checks[f"build {role}"]["detail"]
+        # The flowgraph's own block list: a null block in place of the UHD one ...
+        assert stand_in in built, built
+        assert "usrp" not in built.split("UHD blocks:")[0], built
+        # ... its record of UHD blocks made, and whether gnuradio.uhd was imported at all.
+        assert "UHD blocks: none" in built and "uhd imported: no" in built, built
+    assert out["devices_opened"] is False
+    assert all(c["ok"] for c in out["checks"] if c["status"] != "not opened")
+    rc = main(["radio", "check", "hw_configs/lab_ota.yaml"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "[not opened] device tx: 'addr=192.168.10.2'" in text
+    assert "[ok] device" not in text
+
+
+#: Installed by the guard interpreter below: any import of UHD fails loudly.
+UHD_GUARD = """
+import sys
+class _NoUhd:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("uhd", "gnuradio.uhd") or name.startswith(("uhd.", "gnuradio.uhd.")):
+            raise ImportError("UHD import blocked by the test: " + name)
+        return None
+sys.meta_path.insert(0, _NoUhd())
+"""
+
+
+def test_check_never_touches_uhd_and_runs_from_any_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Independent of the flowgraphs' own report: an interpreter that cannot import UHD."""
+    require_gnuradio()
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(UHD_GUARD)
+    python = tmp_path / "python3-no-uhd"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={guard} exec /usr/bin/python3 "$@"\n')
+    python.chmod(0o755)
+    # The guard works: opening a device (loopback address) dies on the blocked import.
+    probe = subprocess.run(
+        [str(python), str(REPO / "flowgraphs" / "tx.py"), "--build-only", "--open-device",
+         "--device-args", LOOPBACK_ONLY],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert probe.returncode != 0 and "UHD import blocked" in probe.stderr, probe.stderr
+    config = _loopback_config(tmp_path, gnuradio=f"python: {python}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    rc = main(["radio", "check", str(config), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert {c["check"] for c in out["checks"]} >= {"build tx", "build rx"}
+    assert not list(elsewhere.iterdir())  # nothing written to the working directory
+
+
+def test_check_with_open_devices_says_no_device_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if find_usrps(LOOPBACK_ONLY).devices:
+        pytest.skip("a device answered on the loopback address")
+    require_gnuradio()
+    rc = main(["radio", "check", str(_loopback_config(tmp_path)), "--open-devices"])
+    text = capsys.readouterr().out
+    assert rc == 1, text
+    assert "[FAIL] device tx: no USRP found for 'addr=127.0.0.1'" in text
+    assert "[FAIL] device rx: no USRP found for 'addr=127.0.0.1'" in text
+    assert "no device found" in text.splitlines()[-1]
 
 
 def test_check_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,6 +203,57 @@ def test_loopback_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> N
     assert "--trials" in capsys.readouterr().err
     assert main(["radio", "loopback", "--link", "waveform", "--snr-db", "500"]) == 2
     assert "SNR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag,value,allowed",
+    [
+        ("--seed", "-1", "an integer >= 0"),
+        ("--snr-db", "nan", "a finite number"),
+        ("--snr-db", "inf", "a finite number"),
+        ("--cfo-hz", "nan", "a finite number"),
+        ("--cfo-hz", "inf", "a finite number"),
+        ("--cfo-hz", "1e9", "less than or equal to"),
+        ("--delay-samples", "-1", ">= 0"),
+        ("--delay-samples", "nan", ">= 0"),
+        ("--n-symbols", "0", "1 .. "),
+        ("--n-symbols", "1000000000", "1 .. "),
+        ("--hw", "no_such_config", "allowed"),
+        ("--hw", "/no/such/file.yaml", "does not exist"),
+    ],
+)
+def test_loopback_bad_values_give_one_line_naming_the_flag(
+    flag: str, value: str, allowed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["radio", "loopback", "--link", "waveform", "--snr-db", "10", f"{flag}={value}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("testbed: error:"), err
+    assert (flag in err or "hw_config" in err or "config file" in err) and allowed in err, err
+
+
+def test_loopback_link_that_cannot_start_fails_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if find_usrps(LOOPBACK_ONLY).devices:
+        pytest.skip("a device answered on the loopback address")
+    hw = _loopback_config(tmp_path)
+    assert main(["radio", "loopback", "--link", "usrp", "--hw", str(hw), "--snr-db", "10"]) == 1
+    err = capsys.readouterr().err
+    assert "link failed" in err and "no USRP found for the transmitter ('addr=127.0.0.1')" in err
+    assert "Traceback" not in err
+    broken = tmp_path / "broken_python"
+    broken.write_text("#!/bin/sh\necho 'flowgraph start-up exploded' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    cfg = tmp_path / "gr.yaml"
+    cfg.write_text(f"name: gr\nlink: gnuradio\ngnuradio:\n  python: {broken}\n")
+    rc = main(["radio", "loopback", "--link", "gnuradio", "--hw", str(cfg), "--snr-db", "10"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "link failed: gnuradio link could not start" in err
+    assert "exited with code 3" in err and "flowgraph start-up exploded" in err
+    assert "Traceback" not in err
 
 
 def test_loopback_sweeps_the_darkroom_snr_list(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ from radio.flowgraph_process import (
 )
 from radio.framing import WaveformParams
 from radio.gnuradio_link import GnuradioLink
-from radio.link import LinkError
+from radio.link import LinkFailed
 from radio.modem import frame_samples
 from radio.symbol_link import ChannelParams
 from radio.waveform_channel import EmulatorParams
@@ -132,7 +132,7 @@ def test_gnuradio_n0_interval_coverage_200(gr_link: GnuradioLink) -> None:
     assert covered / 200 >= 0.92
 
 
-def test_flowgraph_death_gives_link_error() -> None:
+def test_flowgraph_death_gives_link_failed() -> None:
     require_gnuradio()
     link = GnuradioLink(ChannelParams(snr_db=(20.0,)), WF)
     try:
@@ -140,7 +140,7 @@ def test_flowgraph_death_gives_link_error() -> None:
         os.kill(link.process.pid, signal.SIGKILL)
         link.process.proc.wait(timeout=10)
         rng = np.random.default_rng(0)
-        with pytest.raises(LinkError, match="died"):
+        with pytest.raises(LinkFailed, match="died with code -9"):
             link.transmit(device=0, round_index=0, symbols=unit_payload(500, rng), rng=rng)
     finally:
         link.close()

@@ -44,7 +44,7 @@ def test_accuracy_close_to_symbol_link(
     assert ref["final_accuracy"] > 0.9
     assert abs(other["final_accuracy"] - ref["final_accuracy"]) <= 0.05
     # The link really estimated the channel: realized SNR near the set 15 dB.
-    snrs = [d["snr_db"] for m in RunDir.open(tmp_path / link).metrics() for d in m["devices"]]
+    snrs = [d["snr_db"] for m in RunDir(tmp_path / link).metrics() for d in m["devices"]]
     assert all(12.0 < s < 18.0 for s in snrs), snrs
 
 
@@ -56,4 +56,22 @@ def test_cli_run_over_gnuradio_three_rounds(tmp_path: Path, tiny_overrides: list
         if not o.startswith("rounds="):
             args += ["--set", o]
     assert main([*args, "--out", str(tmp_path / "run")]) == 0
-    assert len(RunDir.open(tmp_path / "run").metrics()) == 3
+    assert len(RunDir(tmp_path / "run").metrics()) == 3
+
+
+def test_usrp_run_without_a_usrp_fails_at_link_start(
+    tmp_path: Path, tiny_overrides: list[str]
+) -> None:
+    """No USRP: the run stops at link start, saying so (discovery on loopback only)."""
+    from radio.uhd_probe import find_usrps
+    from testbed.config.loader import load_hardware
+
+    loopback = "addr=127.0.0.1"
+    if find_usrps(loopback).devices:
+        pytest.skip("a device answered on the loopback address")
+    hw = load_hardware("lab_ota", [f"usrp.tx_args={loopback}", f"usrp.rx_args={loopback}"])
+    cfg = load_experiment(None, [*tiny_overrides, "link=usrp"])
+    summary = run_experiment(cfg, tmp_path / "run", hw=hw)
+    assert summary["status"] == "link_failed", summary
+    assert summary["rounds_completed"] == 0
+    assert "no USRP found for the transmitter ('addr=127.0.0.1')" in summary["reason"]

@@ -7,21 +7,61 @@ last line (no trailing newline): on :meth:`Ledger.open` it is detected, reported
 the next append starts on a fresh line. Complete lines are never rewritten; a complete line
 that does not parse is corruption, not a crash artefact, and raises :class:`LedgerError`.
 
-Crash semantics the runner must respect: append the event *before* the device transmits
-(write-ahead). Then a torn line can only belong to an upload that never went on air.
+Each line is one event's JSON (its ``type`` tag selects the event class, see
+:data:`EVENT_TYPES`) plus an optional ``nonce``: the unique id of the transmission, which
+the runner's write-ahead intent carries too, so recovery after a crash can tell exactly
+which intended transmissions have a record. An optional first line of type
+``ledger-header/v1`` pins what the ledger was opened for (target, delta, accounting, unit);
+reopening with another header is refused, naming the key.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any, Protocol
 
 from aggregator.privacy.accountant import PrivacyAccountant
 from aggregator.privacy.events import EventError, UploadEvent
 from testbed.rundir import fsync_dir
+
+#: Type tag of the optional first line.
+HEADER_TYPE = "ledger-header/v1"
+
+
+class LedgerEvent(Protocol):
+    """What the ledger needs of an event: a device, a round and a JSON form."""
+
+    TYPE: Any
+    device: int
+    round: int
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+#: Event classes the ledger can hold, by their JSON ``type`` tag.
+EVENT_TYPES: dict[str, Any] = {UploadEvent.TYPE: UploadEvent}
+
+
+def register_event_type(cls: Any) -> Any:
+    """Let the ledger read events of ``cls`` (its ``TYPE`` tag must be new). Returns ``cls``."""
+    known = EVENT_TYPES.get(cls.TYPE)
+    if known is not None and known is not cls:
+        raise ValueError(f"ledger: event type {cls.TYPE!r} is already taken by {known.__name__}")
+    EVENT_TYPES[cls.TYPE] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One line of the ledger: the event and the nonce of its transmission (or ``None``)."""
+
+    event: Any
+    nonce: str | None
 
 
 class LedgerError(RuntimeError):
@@ -32,35 +72,62 @@ class TornLineWarning(UserWarning):
     """The ledger's last line was torn by a crash and has been ignored."""
 
 
-def _parse(lines: list[bytes], path: Path) -> list[UploadEvent]:
-    events = []
+def _parse(lines: list[bytes], path: Path) -> tuple[dict[str, Any] | None, list[LedgerEntry]]:
+    header: dict[str, Any] | None = None
+    entries = []
     for number, raw in enumerate(lines, start=1):
         try:
-            events.append(UploadEvent.from_json(raw.decode("utf-8")))
-        except (EventError, UnicodeDecodeError) as exc:
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise EventError(f"expected a JSON object, got {type(data).__name__}")
+            kind = data.get("type")
+            if kind == HEADER_TYPE:
+                if number != 1:
+                    raise EventError("a header is only allowed on the first line")
+                header = {k: v for k, v in data.items() if k != "type"}
+                continue
+            cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+            if cls is None:
+                raise EventError(f"unknown event type {kind!r}; known: {sorted(EVENT_TYPES)}")
+            nonce = data.pop("nonce", None)
+            if nonce is not None and not isinstance(nonce, str):
+                raise EventError(f"nonce={nonce!r} must be a string")
+            entries.append(LedgerEntry(cls.from_dict(data), nonce))
+        except (EventError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise LedgerError(f"{path}: line {number} is not a valid event: {exc}") from exc
-    return events
+    return header, entries
 
 
 class Ledger:
     """An open ledger file. Use :meth:`open`; close it (or use ``with``) when done."""
 
-    def __init__(self, path: Path, handle: IO[bytes], count: int) -> None:
+    def __init__(
+        self, path: Path, handle: IO[bytes], count: int, header: dict[str, Any] | None
+    ) -> None:
         self._path = path
         self._handle: IO[bytes] | None = handle
         self._count = count
+        self._header = header
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Ledger:
+    def open(
+        cls, path: str | os.PathLike[str], *, header: dict[str, Any] | None = None
+    ) -> Ledger:
         """Open (creating if absent) the ledger at ``path`` for appending.
 
         Validates every complete line; a torn last line is warned about, saved to
         ``<path>.torn`` and cut off.
 
+        Parameters
+        ----------
+        header
+            What this ledger is for (JSON values). A new or empty ledger gets it as its
+            first line; an existing ledger must carry the same header.
+
         Raises
         ------
         LedgerError
-            If a complete line is not a valid event.
+            If a complete line is not a valid event, or the header differs.
         """
         p = Path(path)
         if p.is_dir():
@@ -72,7 +139,7 @@ class Ledger:
             data = handle.read()
             complete, _, torn = data.rpartition(b"\n")
             lines = [line for line in complete.split(b"\n") if line] if complete else []
-            events = _parse(lines, p)
+            found, entries = _parse(lines, p)
             if torn:
                 warnings.warn(
                     f"{p}: last line is torn ({len(torn)} bytes without a newline, e.g. from "
@@ -87,42 +154,75 @@ class Ledger:
                 handle.truncate(len(data) - len(torn))
                 handle.flush()
                 os.fsync(handle.fileno())
+            handle.seek(0, os.SEEK_END)
+            if header is not None:
+                wanted = json.loads(json.dumps(header))
+                if found is None and entries:
+                    raise LedgerError(
+                        f"{p}: holds {len(entries)} events but no header; it was not written "
+                        f"for this run (expected {wanted})"
+                    )
+                if found is None:
+                    line = json.dumps({"type": HEADER_TYPE, **wanted}, sort_keys=True)
+                    handle.write((line + "\n").encode("utf-8"))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                    found = wanted
+                else:
+                    for key in sorted(set(wanted) | set(found)):
+                        if found.get(key) != wanted.get(key):
+                            raise LedgerError(
+                                f"{p}: was written with {key}={found.get(key)!r}, but this run "
+                                f"has {key}={wanted.get(key)!r}; refusing to mix them"
+                            )
             if created:
                 fsync_dir(p.parent if str(p.parent) else Path("."))
         except BaseException:
             handle.close()
             raise
-        handle.seek(0, os.SEEK_END)
-        return cls(p, handle, len(events))
+        return cls(p, handle, len(entries), found)
 
     @property
     def path(self) -> Path:
         """The ledger file."""
         return self._path
 
+    @property
+    def header(self) -> dict[str, Any] | None:
+        """The header line's values (``None`` for a ledger without one)."""
+        return None if self._header is None else dict(self._header)
+
     def __len__(self) -> int:
         return self._count
 
-    def append(self, event: UploadEvent) -> None:
-        """Write ``event`` as one line; durable (flushed and fsynced) when this returns."""
+    def append(self, event: LedgerEvent, nonce: str | None = None) -> None:
+        """Write ``event`` (with its transmission ``nonce``) as one line; durable (flushed
+        and fsynced) when this returns."""
         if self._handle is None:
             raise LedgerError(f"{self._path}: ledger is closed")
-        if not isinstance(event, UploadEvent):
-            raise TypeError(f"append: expected an UploadEvent, got {type(event).__name__}")
-        line = (event.to_json() + "\n").encode("utf-8")
+        if EVENT_TYPES.get(getattr(event, "TYPE", None)) is not type(event):  # type: ignore[arg-type]
+            raise TypeError(f"append: not a registered event type: {type(event).__name__}")
+        data = event.to_dict()
+        if nonce is not None:
+            data["nonce"] = str(nonce)
+        line = (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
         self._handle.write(line)
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._count += 1
 
-    def events(self) -> list[UploadEvent]:
-        """Every event in the file, in order (a torn last line is skipped with a warning)."""
+    def entries(self) -> list[LedgerEntry]:
+        """Every entry in the file, in order (a torn last line is skipped with a warning)."""
         data = self._path.read_bytes()
         complete, _, torn = data.rpartition(b"\n")
         if torn:
             warnings.warn(f"{self._path}: ignoring a torn last line", TornLineWarning, stacklevel=2)
         lines = [line for line in complete.split(b"\n") if line] if complete else []
-        return _parse(lines, self._path)
+        return _parse(lines, self._path)[1]
+
+    def events(self) -> list[Any]:
+        """Every event in the file, in order."""
+        return [entry.event for entry in self.entries()]
 
     def close(self) -> None:
         """Close the file. Idempotent."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -25,9 +26,11 @@ from radio.flowgraph_process import (
     build_flowgraph,
     gnuradio_available,
 )
-from radio.link import LinkError
+from radio.link import LinkError, LinkFailed
 from radio.uhd_probe import find_usrps
 from radio.units import linear_to_db
+from testbed.config.experiment import ExperimentConfig
+from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.links import make_link, waveform_params
 
@@ -72,26 +75,93 @@ def _grcc(name: str, outdir: Path) -> str:
     return f"{grc.name} compiles with grcc"
 
 
+#: Status of a check: passed, failed, or (devices) deliberately not opened.
+OK, FAIL, NOT_OPENED = "ok", "FAIL", "not opened"
+
+#: What stands in for each flowgraph's UHD block when devices are not opened.
+_STAND_IN = {"tx": ("uhd.usrp_sink", "null sink"), "rx": ("uhd.usrp_source", "null source")}
+
+
+def _check_devices(
+    hw: HardwareConfig, open_devices: bool
+) -> tuple[list[dict[str, Any]], dict[str, bool]]:
+    """Device checks of a ``usrp`` config; returns the checks and which roles to open.
+
+    Without ``open_devices`` nothing is asked of UHD (no discovery packet leaves the host).
+    """
+    checks: list[dict[str, Any]] = []
+    opened: dict[str, bool] = {}
+    for role, dev_args in (("tx", hw.usrp.tx_args), ("rx", hw.usrp.rx_args)):
+        block, stand_in = _STAND_IN[role]
+        if not open_devices:
+            checks.append(_check(
+                f"device {role}", NOT_OPENED,
+                f"'{dev_args}': a {stand_in} stands in for {block} in the build "
+                "(pass --open-devices to look for the USRP)",
+            ))
+            opened[role] = False
+            continue
+        res = find_usrps(dev_args, python=hw.gnuradio.python)
+        opened[role] = bool(res.devices)
+        if res.devices:
+            found = ", ".join(f"{k}={v}" for k, v in res.devices[0].items())
+            checks.append(_check(f"device {role}", OK, f"'{dev_args}': found {found}"))
+        else:
+            why = res.message or "UHD found no device"
+            checks.append(_check(f"device {role}", FAIL, f"no USRP found for '{dev_args}' ({why})"))
+    return checks, opened
+
+
+def _check(what: str, status: str, detail: str) -> dict[str, Any]:
+    """One check result; ``ok`` is ``None`` for a device deliberately not opened."""
+    return {"check": what, "status": status, "ok": {OK: True, FAIL: False}.get(status),
+            "detail": detail}
+
+
+def _build_check(
+    name: str, args: list[str], hw: HardwareConfig, device_opened: bool
+) -> dict[str, Any]:
+    """Build one flowgraph (``--build-only``) and check it made UHD blocks only if asked."""
+    try:
+        out = build_flowgraph(FLOWGRAPH_DIR / f"{name}.py", args, python=hw.gnuradio.python)
+    except FlowgraphError as exc:
+        return _check(f"build {name}", FAIL, str(exc))
+    line = out.splitlines()[-1] if out else "built"
+    if name in _STAND_IN and not device_opened and (
+        "UHD blocks: none" not in line or "uhd imported: no" not in line
+    ):
+        return _check(f"build {name}", FAIL,
+                      f"UHD touched although devices were not to be opened: {line}")
+    return _check(f"build {name}", OK, line)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a hardware config and build (not start) its flowgraphs."""
+    """Validate a hardware config and build (not start) its flowgraphs.
+
+    UHD blocks are built only with ``--open-devices``; otherwise a null sink/source stands
+    in for each (``gnuradio.uhd`` is not even imported) and the devices are reported as
+    ``not opened``. With ``--open-devices`` a device that is not found fails the check.
+    """
     hw = load_hardware(args.hw_config)
     checks: list[dict[str, Any]] = []
-
-    def record(what: str, ok: bool, detail: str) -> None:
-        checks.append({"check": what, "ok": ok, "detail": detail})
-
     try:
         wf = waveform_params(hw)
-        record("waveform", True, f"{wf.sample_rate_hz:.0f} S/s, {wf.samples_per_symbol} sps")
+        checks.append(_check("waveform", OK,
+                             f"{wf.sample_rate_hz:.0f} S/s, {wf.samples_per_symbol} sps"))
     except ValueError as exc:
-        record("waveform", False, str(exc))
+        checks.append(_check("waveform", FAIL, str(exc)))
         wf = None
     if hw.link == "usrp" and wf is not None:
         decim = N210_MASTER_CLOCK_HZ / wf.sample_rate_hz
         ok = abs(decim - round(decim)) < 1e-9
-        record("sample_rate", ok, f"100 MS/s / {decim:g}" + ("" if ok else " is not an integer"))
+        checks.append(_check("sample_rate", OK if ok else FAIL,
+                             f"100 MS/s / {decim:g}" + ("" if ok else " is not an integer")))
+    opened: dict[str, bool] = {}
+    if hw.link == "usrp":
+        device_checks, opened = _check_devices(hw, args.open_devices)
+        checks += device_checks
     ok_gr, version = gnuradio_available(hw.gnuradio.python)
-    record("gnuradio", ok_gr, version)
+    checks.append(_check("gnuradio", OK if ok_gr else FAIL, version))
     if ok_gr and wf is not None:
         names = ["channel_emulator"] + (["tx", "rx"] if hw.link == "usrp" else [])
         u = hw.usrp
@@ -104,41 +174,101 @@ def cmd_check(args: argparse.Namespace) -> int:
         }
         with tempfile.TemporaryDirectory() as tmp:
             for name in names:
+                device = opened.get(name, False)
+                flags = ["--open-device"] if device else []
+                checks.append(_build_check(name, extra[name] + flags, hw, device))
                 try:
-                    out = build_flowgraph(FLOWGRAPH_DIR / f"{name}.py", extra[name],
-                                          python=hw.gnuradio.python)
-                    record(f"build {name}", True, out.splitlines()[-1] if out else "built")
-                except FlowgraphError as exc:
-                    record(f"build {name}", False, str(exc))
-                try:
-                    record(f"grc {name}", True, _grcc(name, Path(tmp)))
+                    checks.append(_check(f"grc {name}", OK, _grcc(name, Path(tmp))))
                 except (FlowgraphError, OSError, subprocess.TimeoutExpired) as exc:
-                    record(f"grc {name}", False, str(exc))
-    ok_all = all(c["ok"] for c in checks)
+                    checks.append(_check(f"grc {name}", FAIL, str(exc)))
+    ok_all = all(c["status"] != FAIL for c in checks)
     lines = [f"hardware config '{hw.name}' (link {hw.link}):"]
-    lines += [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}" for c in checks]
-    _emit({"hw_config": hw.name, "link": hw.link, "ok": ok_all, "checks": checks},
+    lines += [f"  [{c['status']}] {c['check']}: {c['detail']}" for c in checks]
+    dev_args = {"tx": hw.usrp.tx_args, "rx": hw.usrp.rx_args}
+    missing = [f"{role} ('{dev_args[role]}')" for role in dev_args
+               if any(c["check"] == f"device {role}" and c["status"] == FAIL for c in checks)]
+    if missing:
+        lines.append(f"no device found: no USRP for {', '.join(missing)} "
+                     "(see 'testbed radio probe')")
+    elif any(c["status"] == NOT_OPENED for c in checks):
+        lines.append("devices not opened; pass --open-devices to look for the USRPs")
+    _emit({"hw_config": hw.name, "link": hw.link, "ok": ok_all, "checks": checks,
+           "devices_opened": bool(args.open_devices)},
           args.json, lines)
     return 0 if ok_all else 1
 
 
-def _loopback_once(args: argparse.Namespace, snr_db: float) -> dict[str, Any]:
-    exp = load_experiment(None, [f"link={args.link}", f"snr_db={snr_db}", "devices=1"])
-    hw_over = [f"waveform.cfo_hz={args.cfo_hz}", "waveform.cfo_spread_hz=0"]
+#: Largest ``--n-symbols`` accepted: a bigger payload only exhausts memory (5 samples per
+#: symbol, several complex128 copies in modulation and synchronisation).
+MAX_LOOPBACK_SYMBOLS = 2_000_000
+
+#: Hardware-config keys that loopback sets from its flags.
+_FLAG_OF_KEY = {"waveform.cfo_hz": "--cfo-hz", "waveform.delay_max_samples": "--delay-samples"}
+
+
+def _check_number(flag: str, value: float, *, minimum: float | None = None) -> None:
+    """Refuse NaN, infinities and values below ``minimum`` with a one-line ConfigError."""
+    allowed = "a finite number" + (f" >= {minimum:g}" if minimum is not None else "")
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
+        raise ConfigError(f"{flag}: got {value}; allowed: {allowed}")
+
+
+def _validate_loopback_args(args: argparse.Namespace) -> None:
+    """Every numeric loopback flag, checked before any link is built."""
+    if args.trials < 1:
+        raise ConfigError(f"--trials: got {args.trials}; allowed: >= 1")
+    if not 1 <= args.n_symbols <= MAX_LOOPBACK_SYMBOLS:
+        raise ConfigError(
+            f"--n-symbols: got {args.n_symbols}; allowed: 1 .. {MAX_LOOPBACK_SYMBOLS}"
+        )
+    if args.seed < 0:
+        raise ConfigError(f"--seed: got {args.seed}; allowed: an integer >= 0")
+    if args.snr_db is not None:
+        _check_number("--snr-db", args.snr_db)
+    _check_number("--cfo-hz", args.cfo_hz)
     if args.delay_samples is not None:
-        hw_over.append(f"waveform.delay_max_samples={args.delay_samples}")
-    hw = load_hardware(args.hw, hw_over)
+        _check_number("--delay-samples", args.delay_samples, minimum=0.0)
+
+
+def _loopback_configs(
+    args: argparse.Namespace, snr_db: float
+) -> tuple[ExperimentConfig, HardwareConfig]:
+    """The experiment and hardware configs of one loopback point; errors name the flag."""
+    try:
+        exp = load_experiment(None, [f"link={args.link}", f"snr_db={snr_db}", "devices=1"])
+    except ConfigError as exc:
+        raise ConfigError(f"--snr-db: {exc}") from None
+    hw_over = [f"waveform.cfo_hz={args.cfo_hz!r}", "waveform.cfo_spread_hz=0"]
+    if args.delay_samples is not None:
+        hw_over.append(f"waveform.delay_max_samples={args.delay_samples!r}")
+    load_hardware(args.hw)  # the file's own errors, reported as they are
+    try:
+        hw = load_hardware(args.hw, hw_over)
+    except ConfigError as exc:
+        flags = [flag for key, flag in _FLAG_OF_KEY.items() if key in str(exc)]
+        raise ConfigError(f"{'/'.join(flags) or '--hw'}: {exc}") from None
+    return exp, hw
+
+
+def _loopback_once(args: argparse.Namespace, snr_db: float) -> dict[str, Any]:
+    exp, hw = _loopback_configs(args, snr_db)
     rng = np.random.default_rng(args.seed)
     nmse, expected, snr_est, covered, lost = [], [], [], [], 0
     frames_lost: list[str] = []
     last: dict[str, Any] = {}
     n0_true = 10 ** (-snr_db / 10)
-    with make_link(exp, hw) as link:
+    try:
+        link = make_link(exp, hw)
+    except ValueError as exc:  # ConfigError included: a setting the link cannot honour
+        raise ConfigError(f"--link {args.link} on hardware config '{hw.name}': {exc}") from None
+    with link:
         for trial in range(args.trials):
             x = (rng.standard_normal(args.n_symbols) + 1j * rng.standard_normal(args.n_symbols))
             x /= np.sqrt(2)
             try:
                 rec = link.transmit(device=0, round_index=trial, symbols=x, rng=rng)
+            except LinkFailed:
+                raise
             except LinkError as exc:
                 frames_lost.append(str(exc))
                 continue
@@ -180,18 +310,18 @@ def cmd_loopback(args: argparse.Namespace) -> int:
     """Send a known payload over a link and report what came back.
 
     Without ``--snr-db`` the hardware config's ``snr_sweep_db`` is swept and the JSON object
-    holds one result per point under ``sweep``.
+    holds one result per point under ``sweep``. A bad flag is one ``testbed: error:`` line
+    (exit 2); a link that fails to start or dies is one ``link failed`` message (exit 1).
     """
-    if args.trials < 1:
-        raise ConfigError(f"--trials: got {args.trials}; allowed: >= 1")
-    if args.n_symbols < 1:
-        raise ConfigError(f"--n-symbols: got {args.n_symbols}; allowed: >= 1")
-    if args.snr_db is None:
-        sweep = load_hardware(args.hw).snr_sweep_db
-        if not sweep:
-            raise ConfigError(
-                f"--snr-db: not given, and hardware config '{args.hw}' has no snr_sweep_db"
-            )
+    _validate_loopback_args(args)
+    try:
+        return _loopback(args)
+    except LinkFailed as exc:
+        print(f"testbed radio loopback: link failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def _loopback(args: argparse.Namespace) -> int:
     if args.snr_db is not None:
         result = _loopback_once(args, args.snr_db)
         if "error" in result:
@@ -199,6 +329,11 @@ def cmd_loopback(args: argparse.Namespace) -> int:
             return 1
         _emit(result, args.json, [f"{k}: {v}" for k, v in result.items()])
         return 0
+    sweep = load_hardware(args.hw).snr_sweep_db
+    if not sweep:
+        raise ConfigError(
+            f"--snr-db: not given, and hardware config '{args.hw}' has no snr_sweep_db"
+        )
     points = [_loopback_once(args, float(s)) for s in sweep]
     lines = [
         f"{p['snr_db']:6.1f} dB: "
@@ -225,6 +360,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     c = sub.add_parser("check", help="validate a hardware config and build its flowgraphs")
     c.add_argument("hw_config", metavar="HW_CONFIG", help="name in hw_configs/ or a YAML path")
+    c.add_argument(
+        "--open-devices", action="store_true",
+        help="look for the config's USRPs (UHD discovery: sends packets to the device "
+        "addresses) and build tx/rx with them; default: null blocks stand in, no UHD call",
+    )
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=cmd_check)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,10 @@ def register(sub: Any) -> None:
         description=(
             "Run an experiment config (the default simulated-channel job when no CONFIG is "
             "given) into a run directory with config.yaml, metrics.jsonl, ledger.jsonl and "
-            "summary.json. Ctrl-C stops after the current upload and leaves a consistent "
-            "directory that --resume continues."
+            "summary.json. Ctrl-C (or SIGTERM) stops before the next transmission and leaves a "
+            "consistent directory that --resume continues. Exit code: 0 completed, 1 failed, "
+            "2 bad input, 3 budget exhausted (0 with privacy.stop_on_budget after a round), "
+            "4 diverged, 5 link failed, 130 interrupted."
         ),
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
@@ -32,6 +33,14 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override a config key, dotted for sections (privacy.epsilon=1.8); repeatable",
     )
+    p.add_argument(
+        "--hw-set",
+        dest="hw_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a hardware-config key, dotted (waveform.speed_kmh=20); repeatable",
+    )
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -39,47 +48,39 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
 
-def _sigterm_to_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _run(args: argparse.Namespace) -> int:
-    from testbed.rundir import default_run_path, dumps
-    from testbed.runner import resume_experiment, run_experiment
+    from testbed.rundir import RunDirError, default_run_path, dumps
+    from testbed.runner import outcome_line, resume_experiment, run_experiment
 
-    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     progress = not args.no_progress and sys.stderr.isatty()
     out: Path | None = None
     try:
         if args.resume is not None:
-            if args.config or args.overrides or args.out:
-                raise ConfigError("--resume takes the run's own config: drop CONFIG/--set/--out")
+            if args.config or args.overrides or args.out or args.hw_overrides:
+                raise ConfigError(
+                    "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out"
+                )
             out = args.resume
             summary = resume_experiment(out, progress=progress)
         else:
             cfg = load_experiment(args.config, args.overrides)
-            load_hardware(cfg.hw_config)  # validate before any work
+            hw = load_hardware(cfg.hw_config, args.hw_overrides)  # validate before any work
             out = args.out or default_run_path(cfg.name)
-            summary = run_experiment(cfg, out, progress=progress)
+            summary = run_experiment(cfg, out, progress=progress, hw=hw)
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted; the run directory is consistent. Continue with:\n"
-            f"  testbed run --resume {out}",
-            file=sys.stderr,
-        )
+        # Only reached while setting up (the runner itself turns a stop into an outcome).
+        print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, RunDirError) as exc:
         if isinstance(exc, ConfigError):
             raise
         print(f"testbed run: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(dumps({**summary, "run_dir": str(out)}))
-    else:
-        acc = summary.get("final_accuracy")
-        print(
-            f"run {summary['status']}: {summary['rounds_completed']} rounds, "
-            f"final test accuracy {acc if acc is None else f'{acc:.4f}'}, "
-            f"{summary['wall_time_s']:.1f} s -> {out}"
-        )
-    return 0
+    print(outcome_line(summary, out), file=sys.stderr if args.json else sys.stdout)
+    if summary["status"] == "interrupted" and not summary.get("run_dir_removed"):
+        print(f"continue with:  testbed run --resume {out}", file=sys.stderr)
+    elif summary["status"] == "failed" and not summary.get("run_dir_removed"):
+        print(f"traceback in {out}/error.log", file=sys.stderr)
+    return int(summary["exit_code"])

@@ -1,0 +1,55 @@
+"""Fault injection and an air log, for crash tests and audits (both off unless asked).
+
+``TESTBED_FAULT=NAME:N`` kills the process with SIGKILL (no clean-up, like a power cut or
+``kill -9``) the ``N``-th time the fault point ``NAME`` is reached. The runner's points, in
+the order one upload meets them: ``after_intent`` (journalled, not yet on air),
+``after_transmit`` (on air, not yet in the ledger), ``after_commit`` (in the ledger, not yet
+kept in ``inflight/``), ``after_inflight``; and per round ``after_checkpoint`` (checkpoint
+written, metrics line not yet appended).
+
+``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
+before each transmission is handed to the link: the device's own record of what it put on
+the air, against which the privacy ledger can be audited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+_counts: dict[str, int] = {}
+
+
+def _spec() -> tuple[str, int] | None:
+    raw = os.environ.get("TESTBED_FAULT", "")
+    if not raw:
+        return None
+    name, _, count = raw.partition(":")
+    try:
+        n = int(count or "1")
+    except ValueError:
+        raise ValueError(f"TESTBED_FAULT={raw!r}: expected NAME:N with an integer N") from None
+    return name, n
+
+
+def fault_point(name: str) -> None:
+    """Die here (SIGKILL) if ``TESTBED_FAULT`` names this point and its count is reached."""
+    spec = _spec()
+    if spec is None or spec[0] != name:
+        return
+    _counts[name] = _counts.get(name, 0) + 1
+    if _counts[name] == spec[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def log_air(device: int, round_index: int, nonce: str | None) -> None:
+    """Append one line to ``TESTBED_AIR_LOG`` (if set) before a transmission."""
+    path = os.environ.get("TESTBED_AIR_LOG")
+    if not path:
+        return
+    line = json.dumps({"device": device, "round": round_index, "nonce": nonce}) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())

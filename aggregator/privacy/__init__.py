@@ -1,5 +1,6 @@
 """Privacy accounting for the aggregator (no torch): events, RDP math, two accountings,
-a per-device accountant, a durable ledger and a budget guard. See ``docs/privacy.md``."""
+a per-device accountant, a durable ledger and a budget guard; and the record-level unit
+(Poisson-subsampled Gaussians composed with dp-accounting). See ``docs/privacy.md``."""
 
 from aggregator.privacy.accountant import (
     MODES,
@@ -9,7 +10,7 @@ from aggregator.privacy.accountant import (
     epsilon_for,
     upload_coefficient,
 )
-from aggregator.privacy.budget import BudgetGuard
+from aggregator.privacy.budget import BudgetGuard, SupportsEpsilon
 from aggregator.privacy.events import (
     CLIP_MODES,
     MECHANISMS,
@@ -30,6 +31,16 @@ from aggregator.privacy.rdp import (
     gaussian_rdp,
     gaussian_rdp_coefficient,
 )
+from aggregator.privacy.record_accountant import (
+    RECORD_ACCOUNTANTS,
+    RecordAccountant,
+    RecordEpsilon,
+    calibrate_noise_multiplier,
+    device_level_epsilon,
+    record_epsilon_for,
+)
+from aggregator.privacy.record_events import RELATIONS, RecordEvent
+from aggregator.privacy.record_rdp import sgm_rdp
 from aggregator.privacy.strict import masked_sensitivity, sparse_norm_bound, strict_coefficient
 
 __all__ = [
@@ -39,6 +50,8 @@ __all__ = [
     "MODES",
     "NOISE_POSITIONS",
     "QUANTIZER_SCALES",
+    "RECORD_ACCOUNTANTS",
+    "RELATIONS",
     "BudgetGuard",
     "EpsilonResult",
     "EventError",
@@ -46,10 +59,16 @@ __all__ = [
     "LedgerError",
     "OrderAtEdgeWarning",
     "PrivacyAccountant",
+    "RecordAccountant",
+    "RecordEpsilon",
+    "RecordEvent",
+    "SupportsEpsilon",
     "TornLineWarning",
     "UploadEvent",
+    "calibrate_noise_multiplier",
     "compose",
     "convert",
+    "device_level_epsilon",
     "epsilon_for",
     "epsilon_from_rdp",
     "gaussian_epsilon",
@@ -60,6 +79,8 @@ __all__ = [
     "masked_sensitivity",
     "paper_coefficient",
     "rebuild_accountant",
+    "record_epsilon_for",
+    "sgm_rdp",
     "sparse_norm_bound",
     "strict_coefficient",
     "upload_coefficient",

@@ -12,9 +12,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any, Protocol
 
-from aggregator.privacy.accountant import EpsilonResult, PrivacyAccountant
-from aggregator.privacy.events import UploadEvent
+
+class _HasEpsilon(Protocol):
+    @property
+    def epsilon(self) -> float: ...
+
+
+class SupportsEpsilon(Protocol):
+    """What the guard needs of an accountant (``PrivacyAccountant``, ``RecordAccountant``)."""
+
+    def epsilon(self, device: int) -> _HasEpsilon: ...
+
+    def epsilon_if(self, device: int, event: Any) -> _HasEpsilon: ...
 
 
 class BudgetGuard:
@@ -23,18 +34,20 @@ class BudgetGuard:
     Parameters
     ----------
     accountant
-        The accountant that records the uploads (the guard only reads it).
+        The accountant that records the uploads (the guard only reads it): any object with
+        ``epsilon(device)`` and ``epsilon_if(device, event)`` whose ``epsilon_if`` returns
+        exactly what ``epsilon`` returns after ``add``.
     epsilon_target
         One target for every device, or a mapping device -> target (every device that
         uploads must then have one). Targets are finite and ``> 0``.
     """
 
     def __init__(
-        self, accountant: PrivacyAccountant, epsilon_target: float | Mapping[int, float]
+        self, accountant: SupportsEpsilon, epsilon_target: float | Mapping[int, float]
     ) -> None:
-        if not isinstance(accountant, PrivacyAccountant):
+        if not all(callable(getattr(accountant, m, None)) for m in ("epsilon", "epsilon_if")):
             raise TypeError(
-                f"BudgetGuard: accountant must be a PrivacyAccountant, got "
+                f"BudgetGuard: accountant must have epsilon() and epsilon_if(), got "
                 f"{type(accountant).__name__}"
             )
         targets = (
@@ -59,11 +72,11 @@ class BudgetGuard:
             raise KeyError(f"BudgetGuard: no epsilon target for device {device}")
         return float(self._targets[device])
 
-    def projected(self, device: int, event: UploadEvent) -> EpsilonResult:
+    def projected(self, device: int, event: Any) -> _HasEpsilon:
         """The device's epsilon if ``event`` were recorded."""
         return self._accountant.epsilon_if(device, event)
 
-    def allows(self, device: int, event: UploadEvent) -> bool:
+    def allows(self, device: int, event: Any) -> bool:
         """``True`` iff recording ``event`` keeps the device within its target."""
         return self.projected(device, event).epsilon <= self.target(device)
 

@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol
 
 from aggregator.privacy.accountant import PrivacyAccountant
 from aggregator.privacy.events import EventError, UploadEvent
+from aggregator.privacy.record_events import RecordEvent
 from testbed.rundir import fsync_dir
 
 #: Type tag of the optional first line.
@@ -44,7 +45,7 @@ class LedgerEvent(Protocol):
 
 
 #: Event classes the ledger can hold, by their JSON ``type`` tag.
-EVENT_TYPES: dict[str, Any] = {UploadEvent.TYPE: UploadEvent}
+EVENT_TYPES: dict[str, Any] = {UploadEvent.TYPE: UploadEvent, RecordEvent.TYPE: RecordEvent}
 
 
 def register_event_type(cls: Any) -> Any:

@@ -1,0 +1,218 @@
+"""Record-level privacy events: one frozen record per subsampled-Gaussian release of one device.
+
+A new meaning gets a new type: :class:`~aggregator.privacy.events.UploadEvent` is device-level
+(a device's whole clipped update); :class:`RecordEvent` (``TYPE = "record-sgm/v1"``) is
+record-level (one sample of one device's local data, per-example clipping, Poisson
+sampling). This module imports nothing from the package but :class:`EventError`.
+
+Conventions (binding for whoever fills an event)
+------------------------------------------------
+* One *step* releases ``v = (sum of clipped per-example gradients over a Poisson batch) / B
+  + N(0, sigma^2 I)``: each record is in the batch independently with probability
+  ``sampling_rate``; every per-example gradient has l2 norm ``<= example_clip`` (``C``);
+  ``B = expected_batch`` is a public constant (never the realized batch size). Adding or
+  removing one record moves the sum by at most ``C``, so ``v`` has l2 sensitivity ``C / B``
+  and the noise multiplier ``sigma * B / C``.
+* ``steps`` identical such steps are composed by one event: the ``H`` local steps of
+  per-step noise (no channel credit then), or ``1`` for an upload-noise FedSGD round.
+* ``amplified``: the Poisson sampling was drawn from a secret (cryptographic) source the
+  adversary cannot predict. When ``False`` no amplification is credited: ``q`` is taken as 1.
+* Channel credit (only a step whose noisy value goes linearly on the air, unquantized): the
+  value is sent as ``x = alpha (d/l) v_S`` on ``l`` masked coordinates and received as
+  ``y = h x + n``, ``n ~ N(0, n0)`` per real coordinate; dividing by ``gain alpha d / l``
+  adds ``N(0, trusted n0 (l/d)^2 / (gain alpha)^2)`` per coordinate in ``v``'s units. ``gain``
+  is an upper bound on ``|h|`` and ``n0`` a lower bound when estimated. ``gain``, ``alpha``,
+  ``n0`` or ``trusted_channel_noise`` equal to 0 credits nothing. The credit belongs to the
+  one step that goes on air, so an event that credits channel noise must have ``steps == 1``.
+* ``relation``: ``"add-remove"`` (one record added or removed) or ``"replace-one"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from aggregator.privacy.events import EventError
+
+#: Neighbouring relations between a device's local data sets.
+RELATIONS = ("add-remove", "replace-one")
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EventError(f"RecordEvent.{name}={value!r} must be an integer")
+    if value < low:
+        raise EventError(f"RecordEvent.{name}={value!r} must be >= {low}")
+
+
+def _check_real(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EventError(f"RecordEvent.{name}={value!r} must be a real number")
+    if not math.isfinite(value) or value < 0:
+        raise EventError(f"RecordEvent.{name}={value!r} must be finite and >= 0")
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """``steps`` identical Poisson-subsampled Gaussian steps of one device in one round.
+
+    Attributes
+    ----------
+    round, device
+        Global round index and device index (``>= 0``).
+    steps
+        Number of identical subsampled-Gaussian steps composed (``>= 1``).
+    sampling_rate
+        Poisson sampling probability ``q`` of each record, in ``(0, 1]``.
+    amplified
+        ``True`` iff the sampling was secret (CSPRNG); ``False`` credits no amplification.
+    example_clip
+        ``C > 0``: l2 bound on each per-example gradient (gradient units).
+    expected_batch
+        ``B > 0``: the public normalizer; the step's value is the clipped sum divided by ``B``.
+    dataset_size
+        Records on the device (``>= 1``); used for the device-level figure only.
+    sigma
+        Artificial Gaussian noise std per coordinate (``>= 0``), in the units of the
+        normalized value (clipped sum / ``B``).
+    alpha
+        Power scaling of the value on air (``>= 0``, symbol-amplitude units).
+    gain
+        Credited ``|h|`` (``>= 0``), an upper bound when estimated.
+    n0
+        Credited channel noise variance per real coordinate (``>= 0``), a lower bound.
+    trusted_channel_noise
+        Fraction of ``n0`` credited, in ``[0, 1]``.
+    d, l
+        Model size and coordinates sent (``1 <= l <= d``); the value goes on air scaled by
+        ``d / l``.
+    relation
+        ``"add-remove"`` (default) or ``"replace-one"``.
+    """
+
+    TYPE: ClassVar[str] = "record-sgm/v1"
+
+    round: int
+    device: int
+    steps: int
+    sampling_rate: float
+    amplified: bool
+    example_clip: float
+    expected_batch: float
+    dataset_size: int
+    sigma: float
+    alpha: float = 0.0
+    gain: float = 0.0
+    n0: float = 0.0
+    trusted_channel_noise: float = 0.0
+    d: int = 1
+    l: int = 1
+    relation: str = "add-remove"
+
+    def __post_init__(self) -> None:
+        _check_int("round", self.round, 0)
+        _check_int("device", self.device, 0)
+        _check_int("steps", self.steps, 1)
+        _check_int("dataset_size", self.dataset_size, 1)
+        _check_int("d", self.d, 1)
+        _check_int("l", self.l, 1)
+        if self.l > self.d:
+            raise EventError(f"RecordEvent: need 1 <= l <= d, got l={self.l}, d={self.d}")
+        if not isinstance(self.amplified, bool):
+            raise EventError(f"RecordEvent.amplified={self.amplified!r} must be a bool")
+        for name in ("sampling_rate", "example_clip", "expected_batch", "sigma", "alpha",
+                     "gain", "n0", "trusted_channel_noise"):
+            _check_real(name, getattr(self, name))
+        if not 0 < self.sampling_rate <= 1:
+            raise EventError(
+                f"RecordEvent.sampling_rate={self.sampling_rate!r} must lie in (0, 1]"
+            )
+        for name in ("example_clip", "expected_batch"):
+            if getattr(self, name) <= 0:
+                raise EventError(f"RecordEvent.{name}={getattr(self, name)!r} must be > 0")
+        if self.trusted_channel_noise > 1:
+            raise EventError(
+                f"RecordEvent.trusted_channel_noise={self.trusted_channel_noise!r} "
+                "must lie in [0, 1]"
+            )
+        if self.relation not in RELATIONS:
+            raise EventError(f"RecordEvent.relation={self.relation!r} not in {RELATIONS}")
+        if self.steps > 1 and self.channel_credited:
+            raise EventError(
+                f"RecordEvent: steps={self.steps} with channel credit; the channel adds "
+                "noise to the one step that goes on air, so credit it only with steps=1 "
+                "(set trusted_channel_noise=0 or n0=0 for multi-step events)"
+            )
+
+    @property
+    def channel_credited(self) -> bool:
+        """``True`` iff the event credits channel noise (all of gain, alpha, n0, trust > 0)."""
+        return min(self.gain, self.alpha, self.n0, self.trusted_channel_noise) > 0
+
+    @property
+    def channel_noise_var(self) -> float:
+        """Credited channel noise variance per coordinate after inversion, value units.
+
+        ``trusted n0 (l/d)^2 / (gain alpha)^2``; ``0`` without credit; may be ``inf`` (a
+        vanishing but positive credited gain), which credits unbounded noise.
+        """
+        if not self.channel_credited:
+            return 0.0
+        # divide before squaring: (gain alpha)^2 may underflow where the ratio does not
+        ratio = math.sqrt(self.trusted_channel_noise * self.n0) * (self.l / self.d)
+        ratio /= self.gain * self.alpha
+        return ratio * ratio
+
+    @property
+    def effective_sampling_rate(self) -> float:
+        """``sampling_rate`` if the sampling was secret, else ``1.0`` (no amplification)."""
+        return float(self.sampling_rate) if self.amplified else 1.0
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """``z_eff = sqrt(sigma^2 + channel_noise_var) * B / C`` (dimensionless, may be inf)."""
+        total = self.sigma**2 + self.channel_noise_var
+        return math.sqrt(total) * self.expected_batch / self.example_clip
+
+    @property
+    def noise_multiplier_without_channel(self) -> float:
+        """``sigma * B / C``: the noise multiplier with no channel credit (trusted = 0)."""
+        return self.sigma * self.expected_batch / self.example_clip
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping with a ``type`` tag (JSON-ready)."""
+        out: dict[str, Any] = {"type": self.TYPE}
+        out.update(asdict(self))
+        return out
+
+    def to_json(self) -> str:
+        """One-line JSON (sorted keys, no spaces)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RecordEvent:
+        """Inverse of :meth:`to_dict`; refuses another type tag and unknown keys."""
+        if not isinstance(data, dict):
+            raise EventError(f"RecordEvent: expected a JSON object, got {type(data).__name__}")
+        kind = data.get("type")
+        if kind != cls.TYPE:
+            raise EventError(f"RecordEvent: type={kind!r}, expected {cls.TYPE!r}")
+        fields = {k: v for k, v in data.items() if k != "type"}
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise EventError(f"RecordEvent: unknown keys {unknown}")
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise EventError(f"RecordEvent: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> RecordEvent:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EventError(f"RecordEvent: not JSON: {exc}") from exc
+        return cls.from_dict(data)

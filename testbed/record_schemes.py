@@ -1,0 +1,254 @@
+"""The FL schemes under record-level privacy: per-device sampling, noise and channel credit.
+
+With ``privacy.unit: record`` a device protects each of its samples (003 Definition 1):
+every local step clips each example's gradient to ``C`` (``privacy.example_clip``), sums
+over a Poisson batch of rate ``q_i = B / D_i`` (``B = batch_size``, ``D_i`` the device's
+samples) and divides by ``B``. The noise goes either
+
+* ``privacy.noise: per-step``: ``N(0, (z C)^2)`` on every local step's clipped sum (DP-SGD
+  on the device). One :class:`~aggregator.privacy.record_events.RecordEvent` of ``H`` steps
+  per round; no channel noise is credited (it reaches only the last step's value through
+  the weights, not linearly).
+* ``privacy.noise: upload`` (needs ``local_steps: 1``, i.e. FedSGD): one noisy upload per
+  round, ``v + N(0, sigma^2)`` with ``v`` the clipped sum over ``B``. Schemes that credit the
+  channel, sent without quantization, add the channel noise after inversion,
+  ``trusted n0 (l/d)^2 / (h alpha)^2`` per coordinate, to the same linear map; ``sigma`` is
+  then only what the channel does not already provide at the mean channel gain.
+
+The noise multiplier is calibrated per device with dp-accounting (in the enforced
+accountant) so the target epsilon is met after ``rounds`` rounds; the budget guard, fed the
+realized channel, stops a device that spent more. Derivations: ``docs/privacy.md`` section
+"Record-level privacy".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from aggregator.privacy.record_accountant import calibrate_noise_multiplier
+from testbed.config.experiment import ExperimentConfig
+from testbed.config.hardware import HardwareConfig
+from testbed.config.loader import ConfigError
+from testbed.schemes import (
+    SCHEMES,
+    DeviceUplink,
+    expected_power_bound,
+    kept_coordinates,
+    max_alpha,
+    mean_n0_per_real,
+    quant_levels,
+)
+
+#: Calibrate to this fraction of the target: the enforced PLD accountant composes per round
+#: (and may round z down by 1e-3 relative for its cache), so a z calibrated exactly for
+#: ``rounds x H`` steps could be refused by numerical noise in the very last round.
+CALIBRATION_MARGIN = 0.995
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """One device's record-level mechanism for a run.
+
+    Attributes
+    ----------
+    noise
+        ``"per-step"`` or ``"upload"``.
+    steps
+        Subsampled-Gaussian steps per round's event (``H`` per-step, ``1`` upload).
+    sampling_rate
+        ``q = B / D``, Poisson inclusion probability of each record per step.
+    amplified
+        Whether the sampling is secret (CSPRNG), i.e. amplification is credited.
+    example_clip, expected_batch
+        ``C`` and ``B``.
+    dataset_size
+        ``D``, the device's records.
+    step_noise_multiplier
+        ``z`` of the per-step noise ``N(0, (z C)^2)`` on the clipped sum (0 with upload noise).
+    target_noise_multiplier
+        The calibrated effective noise multiplier per step (artificial plus credited channel
+        at the mean channel gain).
+    relation
+        ``"add-remove"`` or ``"replace-one"``.
+    credit_channel
+        Whether channel noise is credited (upload noise, a crediting scheme, no quantizer).
+    """
+
+    noise: str
+    steps: int
+    sampling_rate: float
+    amplified: bool
+    example_clip: float
+    expected_batch: float
+    dataset_size: int
+    step_noise_multiplier: float
+    target_noise_multiplier: float
+    relation: str
+    credit_channel: bool
+
+
+def record_norm_bound(example_clip: float, expected_batch: float) -> float:
+    """Bound on ``sqrt(E ||v||^2)`` for ``v`` = clipped sum / ``B`` over a Poisson batch.
+
+    ``||v|| <= C |S| / B`` and ``E |S|^2 = B^2 + B (1 - q) <= B^2 + B``, so
+    ``E ||v||^2 <= C^2 (1 + 1 / B)``: the data-independent norm the power budget uses.
+    """
+    return example_clip * math.sqrt(1.0 + 1.0 / expected_batch)
+
+
+@lru_cache(maxsize=256)
+def _calibrated_z(
+    q: float, steps: int, target: float, delta: float, accountant: str, relation: str
+) -> float:
+    return calibrate_noise_multiplier(
+        q=q,
+        steps=steps,
+        target_epsilon=target * CALIBRATION_MARGIN,
+        delta=delta,
+        accountant=accountant,
+        relation=relation,
+    )
+
+
+def resolve_record_uplinks(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+) -> list[tuple[DeviceUplink, RecordSettings]]:
+    """Per-device uplink and record-level settings of a ``privacy.unit: record`` run.
+
+    Parameters
+    ----------
+    cfg, hw
+        The experiment and hardware configs.
+    d
+        Model size.
+    dataset_sizes
+        ``D_i`` for each device, shape ``(devices,)``.
+
+    Raises
+    ------
+    ConfigError
+        When a device holds fewer samples than the expected batch, or a configured alpha
+        exceeds the power limit.
+    """
+    pc = cfg.privacy
+    spec = SCHEMES[cfg.scheme]
+    l = kept_coordinates(cfg, d)
+    levels = quant_levels(cfg)
+    credit = spec.credit_channel and pc.noise == "upload" and levels is None
+    trusted = pc.trusted_channel_noise if credit else 0.0
+    per_step = pc.noise == "per-step"
+    steps_per_round = cfg.local_steps if per_step else 1
+    batch = float(cfg.batch_size)
+    norm = record_norm_bound(pc.example_clip, batch)
+    p_units = cfg.power.p_max_w / hw.tx_power_ref_w
+    out = []
+    for i, size in enumerate(dataset_sizes):
+        if size < cfg.batch_size:
+            raise ConfigError(
+                f"config key 'batch_size': got {cfg.batch_size}; device {i} holds only {size} "
+                f"samples, and the Poisson rate batch_size / samples must be <= 1"
+            )
+        q = batch / size
+        amplified = pc.secure_sampling
+        if pc.noise_multiplier is not None:
+            z = float(pc.noise_multiplier)
+        else:
+            z = _calibrated_z(
+                q if amplified else 1.0,
+                steps_per_round * cfg.rounds,
+                pc.epsilon,
+                pc.delta,
+                pc.accountant,
+                pc.relation,
+            )
+        needed_std = z * pc.example_clip / batch  # per coordinate, in units of v
+        if per_step:
+            # The upload is the local differential, the sum of H private steps: its norm is
+            # at most H times a step's and it carries H steps of noise per coordinate.
+            sigma = 0.0
+            shape = {
+                "clip": norm * cfg.local_steps,
+                "sigma": needed_std * math.sqrt(cfg.local_steps),
+            }
+            alpha = cfg.power.alpha or max_alpha(
+                d=d, l=l, levels=levels, mechanism="before", p_max_units=p_units, **shape
+            )
+        else:
+            sigma, alpha = _upload_noise(cfg, i, d, l, levels, norm, needed_std, trusted, p_units)
+            shape = {"clip": norm, "sigma": sigma}
+        power = expected_power_bound(
+            d=d, l=l, levels=levels, alpha=alpha, mechanism="before", **shape
+        )
+        if power > p_units * (1 + 1e-9):
+            raise ConfigError(
+                f"config key 'power.alpha': got {alpha}; device {i}'s expected power "
+                f"{power * hw.tx_power_ref_w:.4g} W exceeds power.p_max_w={cfg.power.p_max_w} W"
+            )
+        uplink = DeviceUplink("before", sigma, alpha, l, levels, trusted, "norm", power)
+        settings = RecordSettings(
+            noise=pc.noise,
+            steps=steps_per_round,
+            sampling_rate=q,
+            amplified=amplified,
+            example_clip=pc.example_clip,
+            expected_batch=batch,
+            dataset_size=int(size),
+            step_noise_multiplier=z if per_step else 0.0,
+            target_noise_multiplier=z,
+            relation=pc.relation,
+            credit_channel=credit,
+        )
+        out.append((uplink, settings))
+    return out
+
+
+def _upload_noise(
+    cfg: ExperimentConfig,
+    device: int,
+    d: int,
+    l: int,
+    levels: int | None,
+    norm: float,
+    needed_std: float,
+    trusted: float,
+    p_units: float,
+) -> tuple[float, float]:
+    """Smallest artificial ``sigma`` (and its ``alpha``) with ``sigma^2 + channel >= needed^2``.
+
+    The channel part ``trusted n0 (l/d)^2 / alpha^2`` is taken at unit channel gain. With
+    ``power.alpha`` unset alpha follows sigma (the largest alpha within ``P_max``), so the
+    channel part grows with sigma and the left side is increasing: bisection.
+    """
+    n0 = mean_n0_per_real(cfg, device) * trusted
+
+    def alpha_for(sigma: float) -> float:
+        if cfg.power.alpha is not None:
+            return float(cfg.power.alpha)
+        return max_alpha(
+            d=d,
+            l=l,
+            levels=levels,
+            clip=norm,
+            sigma=sigma,
+            mechanism="before",
+            p_max_units=p_units,
+        )
+
+    def total(sigma: float) -> float:
+        a = alpha_for(sigma)
+        return sigma**2 + n0 * (l / d) ** 2 / a**2
+
+    if needed_std == 0.0 or total(0.0) >= needed_std**2:
+        return 0.0, alpha_for(0.0)
+    lo, hi = 0.0, needed_std
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if total(mid) >= needed_std**2:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    return hi, alpha_for(hi)

@@ -18,6 +18,7 @@ device and round: a round re-run after a crash is a new transmission with a new 
 
 from __future__ import annotations
 
+import math
 import secrets
 import warnings
 from pathlib import Path
@@ -26,17 +27,25 @@ from typing import Any
 from aggregator.privacy import (
     MODES,
     BudgetGuard,
-    EpsilonResult,
     Ledger,
+    LedgerError,
+    PrivacyAccountant,
     UploadEvent,
-    rebuild_accountant,
 )
 from aggregator.privacy.events import EventError
+from aggregator.privacy.ledger import EVENT_TYPES
+from aggregator.privacy.record_accountant import RECORD_ACCOUNTANTS, RecordAccountant
+from aggregator.privacy.record_events import RecordEvent
 from testbed.rundir import append_jsonl, atomic_write_bytes, read_jsonl
+
+#: Accountings kept side by side, per privacy unit; the first is the default enforced one.
+ACCOUNTINGS = {"device": MODES, "record": RECORD_ACCOUNTANTS}
+#: Event type each unit records.
+EVENT_CLASSES: dict[str, Any] = {"device": UploadEvent, "record": RecordEvent}
 
 
 class PrivacyBook:
-    """Ledger plus per-mode accountants plus a guard on the enforcing mode.
+    """Ledger plus one accountant per accounting plus a guard on the enforced one.
 
     Parameters
     ----------
@@ -45,12 +54,18 @@ class PrivacyBook:
     delta
         Target delta.
     enforce
-        ``paper`` or ``strict``: the accounting whose epsilon may not pass ``target``.
+        The accounting whose epsilon may not pass ``target``: ``paper`` or ``strict`` for
+        the device unit (:class:`UploadEvent`), ``rdp`` or ``pld`` for the record unit
+        (:class:`RecordEvent`, composed with dp-accounting).
     target
         Per-device epsilon target.
+    unit
+        ``"device"`` or ``"record"``.
+    relation
+        Record unit only: ``"add-remove"`` or ``"replace-one"``.
     header
-        Extra values pinned in the ledger's header (with ``delta``, ``enforce`` and
-        ``target``); reopening a ledger written for other values is refused.
+        Extra values pinned in the ledger's header (with the unit, ``delta``, ``enforce``
+        and ``target``); reopening a ledger written for other values is refused.
     """
 
     def __init__(
@@ -60,26 +75,51 @@ class PrivacyBook:
         delta: float,
         enforce: str,
         target: float,
+        unit: str = "device",
+        relation: str = "add-remove",
         header: dict[str, Any] | None = None,
     ) -> None:
-        if enforce not in MODES:
-            raise ValueError(f"enforce: got {enforce!r}; allowed {MODES}")
-        pinned = {"delta": delta, "accounting": enforce, "epsilon_target": target}
+        if unit not in ACCOUNTINGS:
+            raise ValueError(f"unit: got {unit!r}; allowed {tuple(ACCOUNTINGS)}")
+        if enforce not in ACCOUNTINGS[unit]:
+            raise ValueError(f"enforce: got {enforce!r}; allowed {ACCOUNTINGS[unit]} ({unit} unit)")
+        self.unit = unit
+        self.event_class = EVENT_CLASSES[unit]
+        pinned: dict[str, Any] = {"delta": delta, "accounting": enforce, "epsilon_target": target}
+        if unit == "record":
+            pinned |= {"unit": unit, "relation": relation}
         self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
         self.intents_path = ledger_path.with_name(ledger_path.stem + ".intents.jsonl")
         self._recover_intents()
-        self.accountants = {m: rebuild_accountant(self.ledger, mode=m, delta=delta) for m in MODES}
+        self.accountants: dict[str, Any] = {}
+        for name in ACCOUNTINGS[unit]:
+            if unit == "device":
+                self.accountants[name] = PrivacyAccountant(mode=name, delta=delta)
+            else:
+                self.accountants[name] = RecordAccountant(name, delta, relation=relation)
+        for event in self.ledger.events():
+            if not isinstance(event, self.event_class):
+                raise LedgerError(
+                    f"{ledger_path}: holds a {type(event).__name__}, but this run accounts "
+                    f"at the {unit} level ({self.event_class.__name__})"
+                )
+            self._compose(event)
         self.enforce = enforce
+        self.delta = delta
         self.guard = BudgetGuard(self.accountants[enforce], target)
 
-    def allows(self, event: UploadEvent) -> bool:
+    def _compose(self, event: Any) -> None:
+        for acc in self.accountants.values():
+            acc.add(event)
+
+    def allows(self, event: Any) -> bool:
         """Whether recording ``event`` keeps its device within the target."""
         return self.guard.allows(event.device, event)
 
     def _recover_intents(self) -> None:
         """Record every intent whose nonce has no ledger entry (it may have gone on air)."""
         recorded = {entry.nonce for entry in self.ledger.entries()}
-        self.recovered: list[UploadEvent] = []
+        self.recovered: list[Any] = []
         for number, data in enumerate(read_jsonl(self.intents_path), start=1):
             nonce = data.get("nonce") if isinstance(data, dict) else None
             if not isinstance(nonce, str) or not isinstance(data.get("event"), dict):
@@ -88,7 +128,7 @@ class PrivacyBook:
                 )
             if nonce in recorded:
                 continue
-            event = UploadEvent.from_dict(data["event"])
+            event = EVENT_TYPES[data["event"].get("type")].from_dict(data["event"])
             warnings.warn(
                 f"ledger: device {event.device} round {event.round} was about to transmit "
                 "when the run stopped; recording it with its gated (conservative) values",
@@ -101,7 +141,7 @@ class PrivacyBook:
             # Every intent now has its record: start the journal afresh (atomic).
             atomic_write_bytes(self.intents_path, b"")
 
-    def begin(self, event: UploadEvent) -> str:
+    def begin(self, event: Any) -> str:
         """Durably note that ``event``'s device is about to transmit (before the air).
 
         Returns the nonce that :meth:`commit` must be given for this transmission.
@@ -110,16 +150,44 @@ class PrivacyBook:
         append_jsonl(self.intents_path, {"nonce": nonce, "event": event.to_dict()})
         return nonce
 
-    def commit(self, event: UploadEvent, nonce: str) -> None:
+    def commit(self, event: Any, nonce: str) -> None:
         """Record the upload with the credited channel state (after reception): append it
         durably under the transmission's ``nonce``, then compose it in every accountant."""
         self.ledger.append(event, nonce)
-        for acc in self.accountants.values():
-            acc.add(event)
+        self._compose(event)
 
-    def epsilon(self, device: int) -> dict[str, EpsilonResult]:
-        """The device's current epsilon in each accounting."""
+    def epsilon(self, device: int) -> dict[str, Any]:
+        """The device's current epsilon in each accounting (results with ``.epsilon``)."""
         return {m: acc.epsilon(device) for m, acc in self.accountants.items()}
+
+    def enforced_epsilon(self, device: int) -> float:
+        """The device's epsilon in the enforced accounting."""
+        return float(self.accountants[self.enforce].epsilon(device).epsilon)
+
+    def report(self, device: int) -> dict[str, Any]:
+        """The device's privacy figures for the summary, each with its unit and meaning.
+
+        Device unit: ``epsilon_paper``, ``epsilon_strict``. Record unit: ``epsilon_rdp``,
+        ``epsilon_pld``, ``epsilon_no_channel`` (the enforced accountant with no channel
+        credit, as an eavesdropper with a better channel would see it) and
+        ``epsilon_device_level`` (the same run with a device's whole data set as the unit).
+        Both: ``epsilon`` (enforced), ``delta_total`` (delta plus the failure probability
+        of every confidence bound credited).
+        """
+        out: dict[str, Any] = {f"epsilon_{m}": r.epsilon for m, r in self.epsilon(device).items()}
+        out["epsilon"] = self.enforced_epsilon(device)
+        out["unit"] = self.unit
+        out["accountant"] = self.enforce
+        if self.unit == "record":
+            acc = self.accountants[self.enforce]
+            out["epsilon_no_channel"] = acc.epsilon_without_channel(device).epsilon
+            out["epsilon_device_level"] = acc.device_epsilon(device)
+        history = self.accountants[self.enforce].history(device)
+        failure = math.fsum(getattr(e, "bound_failure_prob", 0.0) for e in history)
+        out["delta"] = self.delta
+        out["delta_total"] = self.delta + failure
+        out["uploads"] = len(history)
+        return out
 
     def uploads(self, device: int) -> int:
         """Uploads recorded for ``device``."""

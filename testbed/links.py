@@ -117,7 +117,7 @@ def make_link(
     check_link_config(exp, hw, record=record_dir is not None or exp.record)
     if name == "symbol":
         return SymbolLink(channel_params(exp, hw))
-    confidence = exp.privacy.n0_confidence
+    confidence = exp.n0_confidence()
     if name == "waveform":
         from radio.waveform_link import WaveformLink
 

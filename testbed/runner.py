@@ -11,6 +11,7 @@ from __future__ import annotations
 import platform
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,9 @@ import torch
 from aggregator.aggregate import average, global_update
 from aggregator.decoder import decode_differential, project_coordinates
 from aggregator.evaluate import evaluate
-from aggregator.privacy import LedgerError, UploadEvent
+from aggregator.privacy import LedgerError, RecordEvent, UploadEvent
 from aggregator.privacy_book import PrivacyBook
+from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
 from edge_device.uplink import UplinkEncoder, UplinkSettings
 from radio.analog import n_symbols_for
@@ -41,6 +43,7 @@ from testbed.links import link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
 from testbed.protocol import UploadHeader
+from testbed.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
 from testbed.rundir import RunDir, RunDirError
 from testbed.schemes import resolve_uplinks
@@ -142,15 +145,25 @@ class Experiment:
         init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
         self.model = build_model(cfg.model, input_shape, init_seed)  # type: ignore[arg-type]
         self.d = n_params(self.model)
-        self.trainers = [
-            LocalTrainer(self.model, self.data.x_train[p], self.data.y_train[p]) for p in self.parts
-        ]
+        #: ``"record"`` or ``"device"`` for a DP scheme, ``None`` without DP.
+        self.unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
+        x, y = self.data.x_train, self.data.y_train
+        self.record: list[RecordSettings] = []
+        self.trainers: list[Any]
+        if self.unit == "record":
+            self.trainers = [RecordTrainer(self.model, x[p], y[p]) for p in self.parts]
+            pairs = resolve_record_uplinks(cfg, hw, self.d, [len(p) for p in self.parts])
+            self.uplinks = [up for up, _ in pairs]
+            self.record = [rs for _, rs in pairs]
+        else:
+            self.trainers = [LocalTrainer(self.model, x[p], y[p]) for p in self.parts]
+            self.uplinks = resolve_uplinks(cfg, hw, self.d)
         self.run_secret = (rundir.path / "run_secret").read_text().strip()
-        self.uplinks = resolve_uplinks(cfg, hw, self.d)
         self.encoders = [
             UplinkEncoder(
                 UplinkSettings(
-                    clip_mode=cfg.clip.mode,
+                    # record unit: every example is clipped already; no update clipping
+                    clip_mode="none" if self.unit == "record" else cfg.clip.mode,
                     clip_bound=cfg.clip.bound,
                     alpha=up.alpha,
                     mechanism=up.mechanism,
@@ -165,12 +178,22 @@ class Experiment:
             for up in self.uplinks
         ]
         self.book: PrivacyBook | None = None
-        if any(up.mechanism != "none" for up in self.uplinks):
+        if self.unit is not None:
+            if self.unit == "device" and cfg.privacy.accounting == "paper":
+                warnings.warn(
+                    "privacy.accounting=paper enforces the budget with 003's Theorem 1, which "
+                    "is not a DP bound (docs/privacy.md); the strict epsilon is reported next "
+                    "to it",
+                    PaperAccountingWarning,
+                    stacklevel=2,
+                )
             self.book = PrivacyBook(
                 rundir.ledger_path,
                 delta=cfg.privacy.delta,
-                enforce=cfg.privacy.accounting,
+                enforce=cfg.privacy.enforced,
                 target=cfg.privacy.epsilon,
+                unit=self.unit,
+                relation=cfg.privacy.relation,
             )
         self.w = get_flat(self.model)
 
@@ -231,44 +254,75 @@ class Experiment:
             self._last_accuracy = line["test_accuracy"]
         fields["acc"] = f"{getattr(self, '_last_accuracy', float('nan')):.3f}"
         if self.book is not None:
-            spent = max(
-                self.book.epsilon(i)[self.cfg.privacy.accounting].epsilon
-                for i in range(self.cfg.devices)
-            )
+            spent = max(self.book.enforced_epsilon(i) for i in range(self.cfg.devices))
             fields["eps_max"] = f"{spent:.3g}"
         return fields
 
-    def _event(self, i: int, t: int, state: ChannelState | None) -> UploadEvent:
+    def _event(self, i: int, t: int, state: ChannelState | None) -> UploadEvent | RecordEvent:
         """The privacy event of device ``i``'s upload in round ``t`` given a channel state.
 
-        ``state=None`` (unknown channel) credits no channel noise at all.
+        ``state=None`` (unknown channel, or a lost upload) credits no channel noise at all.
+        An estimated state is credited through its confidence bounds, whose failure
+        probability the event carries (``bound_failure_prob``: the ``n0`` lower and ``|h|``
+        upper bounds each fail with probability at most ``1 - confidence``).
         """
         up, cfg = self.uplinks[i], self.cfg
         credited = state is not None and up.trusted > 0
+        channel = {
+            "alpha": float(up.alpha or 0.0),
+            "gain": float(np.sqrt(state.credited_gain_power())) if credited else 0.0,  # type: ignore[union-attr]
+            "n0": state.noise_var_lower / 2.0 if credited else 0.0,  # type: ignore[union-attr]
+            "trusted_channel_noise": up.trusted if credited else 0.0,
+            "d": self.d,
+            "l": up.l,
+            "bound_failure_prob": (
+                min(1.0, 2.0 * (1.0 - state.confidence))
+                if credited and state.estimated  # type: ignore[union-attr]
+                else 0.0
+            ),
+        }
+        if self.unit == "record":
+            rs = self.record[i]
+            per_step = rs.noise == "per-step"
+            if per_step or not rs.credit_channel:
+                channel |= {"gain": 0.0, "n0": 0.0, "trusted_channel_noise": 0.0}
+                channel["bound_failure_prob"] = 0.0
+            return RecordEvent(
+                round=t,
+                device=i,
+                steps=rs.steps,
+                sampling_rate=rs.sampling_rate,
+                amplified=rs.amplified,
+                example_clip=rs.example_clip,
+                expected_batch=rs.expected_batch,
+                dataset_size=rs.dataset_size,
+                sigma=(
+                    rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
+                    if per_step
+                    else up.sigma
+                ),
+                relation=rs.relation,
+                **channel,
+            )
         return UploadEvent(
             round=t,
             device=i,
             mechanism=up.mechanism,
             sigma=up.sigma,
-            alpha=float(up.alpha or 0.0),
-            gain=float(np.sqrt(state.credited_gain_power())) if credited else 0.0,
-            n0=state.noise_var_lower / 2.0 if credited else 0.0,
-            trusted_channel_noise=up.trusted if credited else 0.0,
-            d=self.d,
-            l=up.l,
             q=up.levels,
             clip=cfg.clip.bound,
             clip_mode=cfg.clip.mode,
             quantizer_scale=up.quantizer_scale,
+            **channel,
         )
 
     def _gate(
         self, t: int, link: Link, skip: set[int]
-    ) -> tuple[list[UploadEvent | None], list[np.random.Generator]]:
+    ) -> tuple[list[UploadEvent | RecordEvent | None], list[np.random.Generator]]:
         """Per device: the gated event of its upload in round ``t`` (``None``: it may not
         upload), and its channel generator. Devices in ``skip`` already uploaded."""
         cfg = self.cfg
-        gated_events: list[UploadEvent | None] = []
+        gated_events: list[UploadEvent | RecordEvent | None] = []
         rngs = []
         for i, up in enumerate(self.uplinks):
             ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
@@ -295,12 +349,13 @@ class Experiment:
         decoded: list[np.ndarray] = []
         losses: list[float] = []
         per_device: list[dict[str, Any]] = []
-        for i, trainer in enumerate(self.trainers):
+        for i in range(cfg.devices):
             if i in kept:
                 vec, info = kept[i]
                 if vec is not None:
                     decoded.append(vec)
-                losses.append(info["train_loss"])
+                if isinstance(info.get("train_loss"), float):
+                    losses.append(info["train_loss"])
                 per_device.append({**info, "resumed": True})
                 continue
             event = gated[i]
@@ -308,15 +363,16 @@ class Experiment:
                 per_device.append({"device": i, "transmitted": False})
                 continue
             mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
-            local = timer.timed(
-                "train",
-                lambda tr=trainer, r=mb_rng: tr.train(
-                    self.w, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, rng=r
-                ),
-            )
-            if not (np.isfinite(local.mean_loss) and np.all(np.isfinite(local.differential))):
+            local = timer.timed("train", lambda i=i, r=mb_rng: self._train(i, r))
+            # A record-level round whose Poisson batches were all empty has no loss (nan).
+            no_examples = self.unit == "record" and int(np.sum(local.batch_sizes)) == 0
+            if not (
+                (np.isfinite(local.mean_loss) or no_examples)
+                and np.all(np.isfinite(local.differential))
+            ):
                 raise TrainingDiverged(f"device {i} round {t}: non-finite loss or update")
-            losses.append(local.mean_loss)
+            if np.isfinite(local.mean_loss):
+                losses.append(local.mean_loss)
             q_rng = experiment_generator(cfg.seed, Stream.QUANTIZER, i, t)
             upload = timer.timed(
                 "encode",
@@ -339,7 +395,7 @@ class Experiment:
         lost = [d["device"] for d in per_device if d.get("lost")]
         line: dict[str, Any] = {
             "round": t,
-            "train_loss": float(np.mean(losses)),
+            "train_loss": float(np.mean(losses)) if losses else float("nan"),
             "uploads": len(decoded),
             "lost_uploads": len(lost),
         }
@@ -355,11 +411,30 @@ class Experiment:
         line["wall_s"]["round"] = round(time.perf_counter() - t0, 6)
         return line
 
+    def _train(self, i: int, rng: np.random.Generator) -> Any:
+        """Device ``i``'s local training of this round from the global model."""
+        cfg = self.cfg
+        if self.unit != "record":
+            return self.trainers[i].train(
+                self.w, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, rng=rng
+            )
+        rs = self.record[i]
+        return self.trainers[i].train(
+            self.w,
+            steps=cfg.local_steps,
+            expected_batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            example_clip=rs.example_clip,
+            noise_multiplier=rs.step_noise_multiplier,
+            secure_sampling=rs.amplified,
+            rng=None if rs.amplified else rng,
+        )
+
     def _transmit(
         self,
         t: int,
         i: int,
-        gated: UploadEvent,
+        gated: UploadEvent | RecordEvent,
         upload: Any,
         link: Link,
         rng: np.random.Generator,
@@ -394,13 +469,13 @@ class Experiment:
             assert nonce is not None
             self.book.commit(self._event(i, t, reception.state), nonce)
             fault_point("after_commit")
-            eps = self.book.epsilon(i)
-            info["epsilon_paper"] = eps["paper"].epsilon
-            info["epsilon_strict"] = eps["strict"].epsilon
+            for name, result in self.book.epsilon(i).items():
+                info[f"epsilon_{name}"] = result.epsilon
         g_hat = timer.timed(
             "decode", lambda: decode_differential(reception, upload.header, self._mask)
         )
-        if self.cfg.project_decoded and self.cfg.clip.mode == "coordinate":
+        cfg = self.cfg
+        if self.unit != "record" and cfg.project_decoded and cfg.clip.mode == "coordinate":
             up = self.uplinks[i]
             g_hat = project_coordinates(
                 g_hat, (self.d / up.l) * self.cfg.clip.bound / np.sqrt(self.d)
@@ -447,13 +522,21 @@ class Experiment:
                     else up.expected_power * self.hw.tx_power_ref_w
                 ),
             }
+            if self.record:
+                rs = self.record[i]
+                entry |= {
+                    "noise": rs.noise,
+                    "noise_multiplier": rs.target_noise_multiplier,
+                    "sampling_rate": rs.sampling_rate,
+                    "secure_sampling": rs.amplified,
+                    "example_clip": rs.example_clip,
+                    "dataset_size": rs.dataset_size,
+                    "channel_credited": rs.credit_channel,
+                }
             if self.book is not None:
-                eps = self.book.epsilon(i)
-                entry["epsilon_paper"] = eps["paper"].epsilon
-                entry["epsilon_strict"] = eps["strict"].epsilon
-                entry["uploads"] = self.book.uploads(i)
+                entry |= self.book.report(i)
             else:
-                entry["epsilon_paper"] = entry["epsilon_strict"] = None
+                entry["epsilon"] = None
             devices.append(entry)
         return {
             "status": status,
@@ -472,13 +555,39 @@ class Experiment:
             "energy_comm_j_per_device": energy.tolist(),
             "energy_comp_j_per_device": energy_comp.tolist(),
             "privacy": {
+                "unit": self.unit,
                 "epsilon_target": self.cfg.privacy.epsilon if self.book is not None else None,
                 "delta": self.cfg.privacy.delta,
-                "enforced_accounting": self.cfg.privacy.accounting,
+                "enforced_accounting": self.cfg.privacy.enforced if self.unit else None,
+                "trust": _trust_statement(self.cfg, self.unit),
                 "devices": devices,
             },
             "wall_time_s": round(wall, 3),
         }
+
+
+class PaperAccountingWarning(UserWarning):
+    """The budget is enforced with 003's own accounting, which is not a DP bound."""
+
+
+def _trust_statement(cfg: ExperimentConfig, unit: str | None) -> str | None:
+    """Who the guarantee holds against, in words (for the summary)."""
+    if unit is None:
+        return None
+    credit = cfg.privacy.trusted_channel_noise
+    who = (
+        "against the aggregator and anyone receiving the uploads; noise is added on each "
+        "device (local model), "
+    )
+    if credit > 0:
+        who += (
+            f"{credit:g} of the channel noise at the aggregator's receiver is credited where "
+            "it adds linearly, which does not protect against an eavesdropper with a better "
+            "channel (see epsilon_no_channel)"
+        )
+    else:
+        who += "no channel noise credited"
+    return who
 
 
 def _progress_bar(total: int, initial: int, *, enabled: bool) -> Any:
@@ -505,7 +614,16 @@ def _write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -
         "torch": torch.__version__,
         "numpy": np.__version__,
         "host": platform.node(),
-        "privacy_noise_source": "OS CSPRNG (never the experiment seed)",
+        "privacy_noise_source": (
+            "artificial privacy noise and secret Poisson batch sampling: OS CSPRNG (never "
+            "the experiment seed)"
+        ),
+        "channel_noise_source": (
+            "physical receiver noise"
+            if link_name(cfg, hw) == "usrp"
+            else "simulated from the seeded channel model: the credited channel noise is "
+            "reproducible by whoever knows the seed, so its credit assumes the seed is secret"
+        ),
     }
     rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")
 
@@ -599,13 +717,11 @@ def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
     )
     if summary.get("lost_uploads"):
         text += f", {summary['lost_uploads']} uploads lost"
-    eps = [
-        d.get(f"epsilon_{summary['privacy']['enforced_accounting']}")
-        for d in summary["privacy"]["devices"]
-    ]
+    eps = [d.get("epsilon") for d in summary["privacy"]["devices"]]
     eps = [e for e in eps if isinstance(e, int | float)]
     if eps:
-        text += f", max epsilon {max(eps):.3g}"
+        p = summary["privacy"]
+        text += f", max epsilon {max(eps):.3g} ({p['unit']}, {p['enforced_accounting']})"
     text += f", {summary['wall_time_s']:.1f} s"
     if summary.get("reason"):
         text += f" ({summary['reason']})"

@@ -44,9 +44,7 @@ class _FlakyLink:
 
 def _with_link_faults(monkeypatch: pytest.MonkeyPatch, fail: dict) -> None:
     real = runner_module.make_link
-    monkeypatch.setattr(
-        runner_module, "make_link", lambda *a, **k: _FlakyLink(real(*a, **k), fail)
-    )
+    monkeypatch.setattr(runner_module, "make_link", lambda *a, **k: _FlakyLink(real(*a, **k), fail))
 
 
 def _cli_run(tmp_path: Path, overrides: list[str], capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -72,7 +70,13 @@ def test_completed_exits_zero_with_one_outcome_line(
 def test_budget_exhausted_at_round_zero_is_not_success(
     tmp_path: Path, tiny_overrides: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    overrides = [*tiny_overrides, "scheme=ldp-fedavg", "privacy.sigma=0.01", "privacy.epsilon=1"]
+    overrides = [
+        *tiny_overrides,
+        "privacy.unit=device",
+        "scheme=ldp-fedavg",
+        "privacy.sigma=0.01",
+        "privacy.epsilon=1",
+    ]
     code, summary, text = _cli_run(tmp_path, overrides, capsys)
     assert summary["status"] == "budget_exhausted" and summary["rounds_completed"] == 0
     assert code == 3 and "epsilon target 1.0" in summary["reason"]
@@ -83,7 +87,13 @@ def test_budget_exhausted_after_rounds_exits_zero_only_when_asked(
     tmp_path: Path, tiny_overrides: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # sigma fixed so that 2 of the 3 planned uploads fit within the target
-    base = [*tiny_overrides, "scheme=ldp-fedavg", "privacy.epsilon=200", "privacy.sigma=2"]
+    base = [
+        *tiny_overrides,
+        "privacy.unit=device",
+        "scheme=ldp-fedavg",
+        "privacy.epsilon=200",
+        "privacy.sigma=2",
+    ]
     code, summary, _ = _cli_run(tmp_path / "a", base, capsys)
     assert summary["status"] == "budget_exhausted" and summary["rounds_completed"] >= 1
     assert code == 3
@@ -111,7 +121,8 @@ def test_lost_uploads_are_counted_and_charged(
 ) -> None:
     _with_link_faults(monkeypatch, {(1, 0): LinkError, (2, 2): LinkError, (1, 2): LinkError})
     cfg = load_experiment(
-        None, [*tiny_overrides, "scheme=channel-dp", "privacy.epsilon=40", "privacy.sigma=20"]
+        None,
+        [*tiny_overrides, "scheme=channel-dp", "privacy.epsilon=40", "privacy.noise_multiplier=20"],
     )
     summary = run_experiment(cfg, tmp_path / "run")
     assert summary["status"] == "completed"

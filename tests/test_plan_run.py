@@ -27,6 +27,7 @@ def test_run_follows_the_plan_and_refuses_mismatches(
     base = [
         *tiny_overrides,
         "scheme=ee-dp-fl",
+        "privacy.unit=device",
         "clip.mode=coordinate",
         "privacy.epsilon=5",
         "privacy.accounting=paper",

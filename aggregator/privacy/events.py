@@ -72,6 +72,10 @@ class UploadEvent:
         ``"coordinate"``, ``"norm"`` or ``"none"``.
     quantizer_scale
         ``"norm"`` or ``"fixed"`` (see :data:`QUANTIZER_SCALES`).
+    bound_failure_prob
+        Probability that a credited confidence bound (``gain`` upper, ``n0`` lower) is
+        wrong, in ``[0, 1]``; ``0`` when nothing estimated is credited. Reports add it to
+        delta (``delta_total``).
     """
 
     TYPE: ClassVar[str] = "upload/v1"
@@ -90,6 +94,7 @@ class UploadEvent:
     clip: float
     clip_mode: str = "coordinate"
     quantizer_scale: str = "norm"
+    bound_failure_prob: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("round", "device", "d", "l"):
@@ -114,6 +119,12 @@ class UploadEvent:
                 raise EventError(f"UploadEvent.{name}={value!r} must be finite and >= 0")
         if self.clip <= 0:
             raise EventError(f"UploadEvent.clip={self.clip!r} must be > 0")
+        if not isinstance(self.bound_failure_prob, int | float) or not (
+            0 <= self.bound_failure_prob <= 1
+        ):
+            raise EventError(
+                f"UploadEvent.bound_failure_prob={self.bound_failure_prob!r} must lie in [0, 1]"
+            )
         if self.trusted_channel_noise > 1:
             raise EventError(
                 f"UploadEvent.trusted_channel_noise={self.trusted_channel_noise!r} "

@@ -90,6 +90,10 @@ class RecordEvent:
         ``d / l``.
     relation
         ``"add-remove"`` (default) or ``"replace-one"``.
+    bound_failure_prob
+        Probability that a credited confidence bound (``gain`` upper, ``n0`` lower) is
+        wrong, in ``[0, 1]``; ``0`` when nothing estimated is credited. Reports add it to
+        delta (``delta_total``).
     """
 
     TYPE: ClassVar[str] = "record-sgm/v1"
@@ -110,6 +114,7 @@ class RecordEvent:
     d: int = 1
     l: int = 1
     relation: str = "add-remove"
+    bound_failure_prob: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int("round", self.round, 0)
@@ -136,6 +141,11 @@ class RecordEvent:
             raise EventError(
                 f"RecordEvent.trusted_channel_noise={self.trusted_channel_noise!r} "
                 "must lie in [0, 1]"
+            )
+        _check_real("bound_failure_prob", self.bound_failure_prob)
+        if self.bound_failure_prob > 1:
+            raise EventError(
+                f"RecordEvent.bound_failure_prob={self.bound_failure_prob!r} must lie in [0, 1]"
             )
         if self.relation not in RELATIONS:
             raise EventError(f"RecordEvent.relation={self.relation!r} not in {RELATIONS}")

@@ -27,18 +27,19 @@ from the hardware config: ``t_cm = 1 / symbol_rate_hz`` and ``tx_power_ref_w``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from aggregator.solver.scenario import Scenario, ScenarioError
 from radio.units import noise_var_from_snr_db
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import ConfigError, validate
+from testbed.config.safe_yaml import read_yaml_mapping, short_repr
 
 #: Used when neither the scenario file nor a calibration gives beta1/beta2 (not fitted:
 #: the plan output says so).
@@ -46,22 +47,44 @@ DEFAULT_BETAS = (10.0, 3e-7)
 
 
 class ScenarioFile(BaseModel):
-    """The ``solver:`` mapping of a scenario file (every key optional)."""
+    """The ``solver:`` mapping of a scenario file (every key optional).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Types are strict (no booleans or strings for numbers) and numbers finite; a per-device
+    value is a number or a non-empty list of numbers.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     h: list[float] | float | None = None
     n0: list[float] | float | None = None
     p_max_w: list[float] | float | None = None
     e_comp_j: list[float] | float | None = None
-    d: int | None = Field(None, ge=1)
+    d: int | None = Field(None, ge=1, le=10**10)
     beta1: float | None = Field(None, ge=0)
     beta2: float | None = Field(None, gt=0)
     calibration: str | None = None
     q_min: int = Field(1, ge=1)
     q_max: int = Field(32, ge=1)
     l_min: int = Field(1, ge=1)
-    k_max: int = Field(10_000_000, ge=1)
+    k_max: int = Field(10_000_000, ge=1, le=10**12)
+
+    @field_validator("h", "n0", "p_max_w", "e_comp_j", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any) -> Any:
+        # Checked before the list | float union so one error names the problem.
+        if v is None:
+            return v
+        if isinstance(v, list) and not v:
+            raise ValueError("allowed: a number or a non-empty list of numbers (one per device)")
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise ValueError(
+                    f"{short_repr(x, 80)} is not a number; allowed: a number or a list of "
+                    "numbers (one per device)"
+                )
+            if not math.isfinite(x):
+                raise ValueError(f"{x} is not finite; allowed: finite numbers")
+        return v
 
 
 def read_scenario_file(path: str | Path | None) -> ScenarioFile:
@@ -69,19 +92,18 @@ def read_scenario_file(path: str | Path | None) -> ScenarioFile:
     if path is None:
         return ScenarioFile.model_validate({})
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"scenario file '{p}' does not exist")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"scenario file '{p}' is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"scenario file '{p}' must hold a mapping")
+    data = read_yaml_mapping(p, "scenario file")
     if "solver" in data:
-        extra = sorted(set(data) - {"solver"})
+        extra = sorted(str(k) for k in set(data) - {"solver"})
         if extra:
-            raise ConfigError(f"scenario file key '{extra[0]}': unknown key (allowed: solver)")
+            raise ConfigError(
+                f"scenario file key {short_repr(extra[0])}: unknown key (allowed: solver)"
+            )
         data = data["solver"] or {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"scenario file key 'solver': got {short_repr(data)}; allowed: a mapping"
+            )
     sf = validate(ScenarioFile, data, "scenario")
     if sf.calibration is not None and not Path(sf.calibration).is_absolute():
         sf = sf.model_copy(update={"calibration": str(p.parent / sf.calibration)})
@@ -166,15 +188,19 @@ def _per_device(value: Any, n: int, name: str) -> tuple[float, ...]:
 def read_calibration_betas(path: str | Path) -> tuple[float, float]:
     """``(beta1, beta2)`` from a ``testbed calibrate --out`` file."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"scenario key 'calibration': file '{p}' does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
-    try:
-        b1, b2 = float(data["beta1"]), float(data["beta2"])
-    except (KeyError, TypeError, ValueError):
+    data = read_yaml_mapping(p, "calibration file")
+    b1, b2 = data.get("beta1"), data.get("beta2")
+    if any(isinstance(b, bool) or not isinstance(b, int | float) for b in (b1, b2)):
         raise ConfigError(
-            f"calibration file '{p}': needs numeric keys 'beta1' and 'beta2'"
-        ) from None
-    if b1 < 0 or b2 <= 0:
-        raise ConfigError(f"calibration file '{p}': need beta1 >= 0 and beta2 > 0, got {b1}, {b2}")
+            f"calibration file '{p}': needs numeric keys 'beta1' and 'beta2' "
+            f"(got {short_repr(b1, 60)}, {short_repr(b2, 60)})"
+        )
+    assert isinstance(b1, int | float) and isinstance(b2, int | float)
+    b1, b2 = float(b1), float(b2)
+    if not (math.isfinite(b1) and math.isfinite(b2)) or b1 < 0 or b2 <= 0:
+        raise ConfigError(
+            f"calibration file '{p}': need finite beta1 >= 0 and beta2 > 0, got {b1}, {b2}"
+        )
     return b1, b2

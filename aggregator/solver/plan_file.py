@@ -54,6 +54,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from testbed.config.loader import ConfigError, validate
+from testbed.config.safe_yaml import read_yaml_mapping, short_repr
 
 PLAN_FORMAT = "dpfl-plan/1"
 
@@ -157,16 +158,10 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; :class:`ConfigError` names the offending key."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"plan file '{p}' does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"plan file '{p}' is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"plan file '{p}' must hold a mapping, got {type(data).__name__}")
+    data = read_yaml_mapping(p, "plan file")
     if data.get("format") != PLAN_FORMAT:
         raise ConfigError(
-            f"plan key 'format': got {data.get('format')!r}; allowed: {PLAN_FORMAT!r}"
+            f"plan file '{p}' key 'format': got {short_repr(data.get('format'))}; allowed: "
+            f"{PLAN_FORMAT!r} (is it a file written by `testbed plan --out`?)"
         )
     return validate(Plan, data, "plan")

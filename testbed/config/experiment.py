@@ -6,13 +6,25 @@ keys, wrong types and out-of-range values are refused before anything runs; see
 
 Units are in the key names or the field docs: ``snr_db`` in dB, ``p_max_w`` in watts,
 ``e_comp_j`` in joules.
+
+Types are strict: an integer key takes an integer (not ``true``, not ``"5"``), a number
+key takes an integer or a decimal (``privacy.epsilon: 5`` is fine) but not a boolean or a
+string, and every number must be finite (``.inf`` and ``.nan`` are refused). Values that
+would overflow later arithmetic have upper bounds: ``clip.bound <= 1e6``,
+``privacy.sigma <= 1e6``, ``power.alpha <= 1e9``, ``power.p_max_w <= 100`` W,
+``energy.e_comp_j <= 1e6`` J. ``name`` becomes a directory name under ``runs/``, so it must
+be a plain file name (:data:`NAME_PATTERN`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+import re
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from testbed.config.safe_yaml import short_repr
 
 SCHEMES = (
     "fedavg",
@@ -34,10 +46,20 @@ DEFAULT_DATA_DIRS: dict[str, str | None] = {
 }
 
 
-class _Strict(BaseModel):
-    """Base: unknown keys are errors, values are not silently coerced across kinds."""
+#: A run name: letters, digits, ``-``, ``_``, ``.``; not starting with ``.``; 1-100 chars.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
+
+class _Strict(BaseModel):
+    """Base: unknown keys are errors, values are not coerced across kinds, floats finite.
+
+    Strict mode refuses ``true`` or ``"5"`` for an integer and for a number, and an integer
+    for a boolean; an integer is still accepted for a float (``epsilon: 5``).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
+    )
 
 
 class ClipConfig(_Strict):
@@ -50,7 +72,9 @@ class ClipConfig(_Strict):
     """
 
     mode: Literal["coordinate", "norm", "none"] = "coordinate"
-    bound: float = Field(5.0, gt=0, description="Z, l2 bound of the clipped differential")
+    bound: float = Field(
+        5.0, gt=0, le=1e6, description="Z, l2 bound of the clipped differential"
+    )
 
 
 class CompressionConfig(_Strict):
@@ -65,7 +89,7 @@ class CompressionConfig(_Strict):
 class PrivacyConfig(_Strict):
     """Privacy targets and artificial noise."""
 
-    epsilon: float = Field(5.0, gt=0, description="per-device target epsilon")
+    epsilon: float = Field(5.0, gt=0, description="per-device target epsilon (finite)")
     delta: float = Field(1e-5, gt=0, lt=1)
     accounting: Literal["paper", "strict"] = Field(
         "strict", description="accounting that enforces the budget; both are reported"
@@ -73,6 +97,7 @@ class PrivacyConfig(_Strict):
     sigma: float | None = Field(
         None,
         ge=0,
+        le=1e6,
         description=(
             "artificial noise std per coordinate; null = the smallest value meeting epsilon "
             "over all rounds (calibrated per device)"
@@ -81,35 +106,103 @@ class PrivacyConfig(_Strict):
     trusted_channel_noise: float = Field(
         1.0, ge=0, le=1, description="fraction of channel noise credited (0 = local DP)"
     )
-    n0_confidence: float = Field(
-        0.95, gt=0, lt=1, description="confidence of the N0 lower bound when N0 is estimated"
+    n0_confidence: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description=(
+            "two-sided confidence of the N0 and |h| bounds when the channel is estimated; "
+            "null = 1 - delta / (20 rounds), so the failure probabilities of the two bounds "
+            "(added to delta in delta_total) sum to at most delta / 10 per device"
+        ),
     )
+    unit: Literal["record", "device"] = Field(
+        "record",
+        description=(
+            "privacy unit: 'record' (one sample of a device's data, 003 Definition 1; "
+            "per-example clipping, Poisson batches) or 'device' (a device's whole data set)"
+        ),
+    )
+    noise: Literal["per-step", "upload"] = Field(
+        "per-step",
+        description=(
+            "record unit: Gaussian noise on every local step's clipped sum (DP-SGD on the "
+            "device) or once on the upload (needs local_steps 1; channel noise credited)"
+        ),
+    )
+    example_clip: float = Field(
+        1.0, gt=0, le=1e6, description="record unit: l2 bound C of each example's gradient"
+    )
+    accountant: Literal["rdp", "pld"] = Field(
+        "pld",
+        description="record unit: dp-accounting accountant that enforces the budget (both kept)",
+    )
+    relation: Literal["add-remove", "replace-one"] = Field(
+        "add-remove", description="record unit: neighbouring data sets"
+    )
+    secure_sampling: bool = Field(
+        True,
+        description=(
+            "record unit: Poisson batches drawn from the OS CSPRNG, so subsampling "
+            "amplification is credited (false: seeded batches, no amplification credited)"
+        ),
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="record unit: noise multiplier z per step; null = calibrated to epsilon",
+    )
+    stop_on_budget: bool = Field(
+        False,
+        description=(
+            "a run that stops because no device has budget left, after at least one round, "
+            "counts as a success (exit code 0)"
+        ),
+    )
+
+    @property
+    def enforced(self) -> str:
+        """The accounting that enforces the budget: ``accountant`` for the record unit,
+        ``accounting`` for the device unit."""
+        return self.accountant if self.unit == "record" else self.accounting
 
 
 class PowerConfig(_Strict):
     """Transmit scaling."""
 
     alpha: float | None = Field(
-        None, gt=0, description="power scaling alpha_i; null = normalise to unit symbol power"
+        None,
+        gt=0,
+        le=1e9,
+        description="power scaling alpha_i; null = normalise to unit symbol power",
     )
-    p_max_w: float = Field(0.1, gt=0, description="per-device maximum transmit power (W)")
+    p_max_w: float = Field(
+        0.1, gt=0, le=100, description="per-device maximum transmit power (W), at most 100 W"
+    )
 
 
 class EnergyConfig(_Strict):
     """Computing energy model (003 Section V-A)."""
 
-    e_comp_j: float = Field(0.5, ge=0, description="local computing energy per round (J)")
+    e_comp_j: float = Field(
+        0.5, ge=0, le=1e6, description="local computing energy per round (J), at most 1e6 J"
+    )
 
 
 class ExperimentConfig(_Strict):
     """One experiment: what to train, over which link, with which privacy scheme."""
 
-    name: str = "default"
-    seed: int = Field(0, ge=0, description="root seed for data, model init and channel")
+    name: str = Field(
+        "default", description="run name, a plain file name (the run directory's prefix)"
+    )
+    seed: int = Field(
+        0, ge=0, le=2**63 - 1, description="root seed for data, model init and channel"
+    )
     rounds: int = Field(40, ge=1, le=1_000_000, description="global rounds K (uploads)")
     devices: int = Field(10, ge=1, le=100_000)
-    local_steps: int = Field(20, ge=1, description="H, local SGD steps per round")
-    batch_size: int = Field(32, ge=1)
+    local_steps: int = Field(20, ge=1, le=1_000_000, description="H, local SGD steps per round")
+    batch_size: int = Field(32, ge=1, le=1_000_000)
     lr: float = Field(0.05, gt=0, le=100)
     dataset: Literal["fashion-mnist", "mnist", "cifar10"] = "fashion-mnist"
     data_dir: str | None = Field(None, description="directory with the data set files")
@@ -124,16 +217,22 @@ class ExperimentConfig(_Strict):
     link: Literal["symbol", "waveform", "gnuradio", "usrp"] | None = Field(
         None, description="overrides the hardware config's link"
     )
-    hw_config: str = Field("sim", description="name in hw_configs/ or a path to a YAML file")
+    hw_config: str = Field(
+        "sim", min_length=1, description="name in hw_configs/ or a path to a YAML file"
+    )
     snr_db: float | list[float] = Field(
         20.0, description="per-device average receive SNR (dB) at unit symbol power"
     )
     fading: Literal["none", "rayleigh", "rician"] = "none"
     rician_k_db: float = Field(6.0, ge=-30, le=60)
     noiseless: bool = Field(False, description="h = 1 and no channel noise (testing)")
-    eval_every: int = Field(1, ge=1)
-    eval_samples: int | None = Field(None, ge=1, description="cap on test samples evaluated")
-    train_samples: int | None = Field(None, ge=1, description="cap on training samples used")
+    eval_every: int = Field(1, ge=1, le=1_000_000)
+    eval_samples: int | None = Field(
+        None, ge=1, le=10**9, description="cap on test samples evaluated"
+    )
+    train_samples: int | None = Field(
+        None, ge=1, le=10**9, description="cap on training samples used"
+    )
     plan: str | None = Field(None, description="plan YAML from `testbed plan` (ee-dp-fl)")
     record: bool = Field(False, description="store received I/Q as SigMF")
     project_decoded: bool = Field(
@@ -153,12 +252,31 @@ class ExperimentConfig(_Strict):
     power: PowerConfig = PowerConfig()
     energy: EnergyConfig = EnergyConfig()
 
-    @field_validator("snr_db")
+    @field_validator("name")
     @classmethod
-    def _snr_range(cls, v: float | list[float]) -> float | list[float]:
+    def _plain_name(cls, v: str) -> str:
+        if not NAME_PATTERN.fullmatch(v):
+            raise ValueError(
+                "allowed: a plain file name of 1-100 letters, digits, '-', '_' or '.', "
+                "not starting with '.' (it names the run directory under runs/)"
+            )
+        return v
+
+    @field_validator("snr_db", mode="before")
+    @classmethod
+    def _snr_values(cls, v: Any) -> Any:
+        # Checked here, before the float | list union, so that one error names the
+        # problem instead of one error per union member.
         values = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and not v:
+            raise ValueError("allowed: a number or a non-empty list of numbers (dB)")
         for x in values:
-            if not -50.0 <= x <= 100.0:
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise ValueError(
+                    f"SNR {short_repr(x, 80)} is not a number; allowed: a number or a list of "
+                    "numbers (dB)"
+                )
+            if not math.isfinite(x) or not -50.0 <= x <= 100.0:
                 raise ValueError(f"SNR {x} dB outside the allowed range [-50, 100] dB")
         return v
 
@@ -169,7 +287,37 @@ class ExperimentConfig(_Strict):
                 f"snr_db: a list must have one value per device ({self.devices}), "
                 f"got {len(self.snr_db)}"
             )
-        if self.scheme != "fedavg" and self.clip.mode == "none":
+        private = self.scheme != "fedavg"
+        if private and self.privacy.unit == "record":
+            if self.scheme == "noise-after-compression":
+                raise ValueError(
+                    "privacy.unit: 'record' is not available with scheme "
+                    "'noise-after-compression' (its noise sits on the quantized vector, whose "
+                    "record-level sensitivity is not C/B); use privacy.unit=device"
+                )
+            if self.privacy.sigma is not None:
+                raise ValueError(
+                    f"privacy.sigma: got {self.privacy.sigma}; with privacy.unit=record the "
+                    "noise is set by privacy.noise_multiplier (z, per step), not sigma"
+                )
+            if self.plan is not None:
+                raise ValueError(
+                    "plan: plans from `testbed plan` are made for privacy.unit=device; set "
+                    "privacy.unit=device to follow one"
+                )
+            if self.privacy.noise == "upload" and self.local_steps != 1:
+                raise ValueError(
+                    f"privacy.noise: 'upload' with local_steps={self.local_steps}: with noise "
+                    "only at the upload, later local steps depend on a record through the "
+                    "weights, so the record-level sensitivity is not C/B; set local_steps=1 "
+                    "(FedSGD) or privacy.noise=per-step"
+                )
+        if self.privacy.unit == "device" and self.privacy.noise_multiplier is not None:
+            raise ValueError(
+                "privacy.noise_multiplier: only for privacy.unit=record; the device unit takes "
+                "privacy.sigma"
+            )
+        if private and self.privacy.unit == "device" and self.clip.mode == "none":
             raise ValueError(
                 f"clip.mode: 'none' is not allowed with scheme '{self.scheme}' "
                 "(DP needs bounded sensitivity); use 'coordinate' or 'norm'"
@@ -179,6 +327,14 @@ class ExperimentConfig(_Strict):
         if self.model == "mnist-cnn" and self.dataset == "cifar10":
             raise ValueError("model: 'mnist-cnn' takes 28x28x1 images; use 'cifar-cnn'")
         return self
+
+    def n0_confidence(self) -> float:
+        """Two-sided confidence of estimated channel bounds (``privacy.n0_confidence``, or
+        ``1 - delta / (20 rounds)``: each upload's two bounds fail with probability at most
+        ``2 (1 - c)``, so over ``rounds`` uploads at most ``delta / 10``)."""
+        if self.privacy.n0_confidence is not None:
+            return self.privacy.n0_confidence
+        return 1.0 - self.privacy.delta / (20.0 * self.rounds)
 
     def snr_db_per_device(self) -> list[float]:
         """Per-device SNR in dB, shape ``(devices,)``."""

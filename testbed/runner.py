@@ -42,6 +42,7 @@ from testbed.interrupts import StopSignals
 from testbed.links import link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
+from testbed.outcome import exit_code, trust_statement
 from testbed.protocol import UploadHeader
 from testbed.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
@@ -559,7 +560,7 @@ class Experiment:
                 "epsilon_target": self.cfg.privacy.epsilon if self.book is not None else None,
                 "delta": self.cfg.privacy.delta,
                 "enforced_accounting": self.cfg.privacy.enforced if self.unit else None,
-                "trust": _trust_statement(self.cfg, self.unit),
+                "trust": trust_statement(self.cfg, self.unit),
                 "devices": devices,
             },
             "wall_time_s": round(wall, 3),
@@ -568,26 +569,6 @@ class Experiment:
 
 class PaperAccountingWarning(UserWarning):
     """The budget is enforced with 003's own accounting, which is not a DP bound."""
-
-
-def _trust_statement(cfg: ExperimentConfig, unit: str | None) -> str | None:
-    """Who the guarantee holds against, in words (for the summary)."""
-    if unit is None:
-        return None
-    credit = cfg.privacy.trusted_channel_noise
-    who = (
-        "against the aggregator and anyone receiving the uploads; noise is added on each "
-        "device (local model), "
-    )
-    if credit > 0:
-        who += (
-            f"{credit:g} of the channel noise at the aggregator's receiver is credited where "
-            "it adds linearly, which does not protect against an eavesdropper with a better "
-            "channel (see epsilon_no_channel)"
-        )
-    else:
-        who += "no channel noise credited"
-    return who
 
 
 def _progress_bar(total: int, initial: int, *, enabled: bool) -> Any:
@@ -686,45 +667,3 @@ def resume_experiment(
     if point.weights is not None:
         exp.w = point.weights
     return exp.run(point.next_round)
-
-
-#: Every way a run can end (``summary.json`` ``status``).
-OUTCOMES = ("completed", "budget_exhausted", "diverged", "link_failed", "interrupted", "failed")
-_EXIT_CODES = {
-    "completed": 0,
-    "failed": 1,
-    "budget_exhausted": 3,
-    "diverged": 4,
-    "link_failed": 5,
-    "interrupted": 130,
-}
-
-
-def exit_code(status: str, rounds_completed: int, cfg: ExperimentConfig) -> int:
-    """The process exit code of an outcome: 0 only for ``completed``, and for
-    ``budget_exhausted`` after at least one round when ``privacy.stop_on_budget`` is set."""
-    if status == "budget_exhausted" and rounds_completed > 0 and cfg.privacy.stop_on_budget:
-        return 0
-    return _EXIT_CODES[status]
-
-
-def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
-    """One line for the console: status, rounds, accuracy, lost uploads, reason, where."""
-    acc = summary.get("final_accuracy")
-    text = (
-        f"run {summary['status']}: {summary['rounds_completed']}/{summary['rounds_planned']} "
-        f"rounds, final test accuracy {'n/a' if acc is None else f'{acc:.4f}'}"
-    )
-    if summary.get("lost_uploads"):
-        text += f", {summary['lost_uploads']} uploads lost"
-    eps = [d.get("epsilon") for d in summary["privacy"]["devices"]]
-    eps = [e for e in eps if isinstance(e, int | float)]
-    if eps:
-        p = summary["privacy"]
-        text += f", max epsilon {max(eps):.3g} ({p['unit']}, {p['enforced_accounting']})"
-    text += f", {summary['wall_time_s']:.1f} s"
-    if summary.get("reason"):
-        text += f" ({summary['reason']})"
-    if summary.get("run_dir_removed"):
-        return text + "; nothing went on air, run directory removed"
-    return text + f" -> {run_dir}"

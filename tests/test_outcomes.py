@@ -15,7 +15,8 @@ from edge_device.trainer import LocalResult, LocalTrainer
 from radio.link import LinkError, LinkFailed
 from testbed.cli.main import main
 from testbed.config.loader import load_experiment
-from testbed.runner import OUTCOMES, run_experiment
+from testbed.outcome import OUTCOMES, exit_code
+from testbed.runner import run_experiment
 
 
 class _FlakyLink:
@@ -183,7 +184,7 @@ def test_failure_before_anything_went_on_air_leaves_no_directory(
 
 def test_every_outcome_has_an_exit_code() -> None:
     cfg = load_experiment(None, [])
-    codes = {s: runner_module.exit_code(s, 1, cfg) for s in OUTCOMES}
+    codes = {s: exit_code(s, 1, cfg) for s in OUTCOMES}
     assert codes["completed"] == 0
     assert all(code != 0 for s, code in codes.items() if s != "completed")
     assert len(set(codes.values())) == len(OUTCOMES)

@@ -49,8 +49,9 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from testbed.outcome import outcome_line
     from testbed.rundir import RunDirError, default_run_path, dumps
-    from testbed.runner import outcome_line, resume_experiment, run_experiment
+    from testbed.runner import resume_experiment, run_experiment
 
     progress = not args.no_progress and sys.stderr.isatty()
     out: Path | None = None

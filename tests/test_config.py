@@ -79,7 +79,7 @@ def test_bad_values_are_refused_naming_key_value_and_allowed(
 
 def test_dp_scheme_refuses_unclipped_updates() -> None:
     with pytest.raises(ConfigError, match="clip.mode"):
-        load_experiment(None, ["scheme=ee-dp-fl", "clip.mode=none"])
+        load_experiment(None, ["scheme=ee-dp-fl", "privacy.unit=device", "clip.mode=none"])
 
 
 def test_overrides_are_typed_yaml_and_nested() -> None:

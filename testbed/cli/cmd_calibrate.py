@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from testbed.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.config.paths import check_output_dir, check_output_file
+from testbed.config.safe_yaml import dump_yaml_text
 
 
 def register(sub: Any) -> None:
@@ -39,6 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every pilot run; repeatable")
+    p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="override a hardware config key for every pilot run; repeatable")
     p.add_argument("--theta-s", type=float, nargs="+", default=[1.0, 0.3],
                    help="sparsification ratios l/d to try (default 1.0 0.3)")
     p.add_argument("--levels", type=int, nargs="+", default=[32, 8],
@@ -57,6 +60,7 @@ def register(sub: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     from aggregator.solver.calibration import PilotRun, fit_betas, uploads_to_target
     from testbed.cli.cmd_plan import count_params
+    from testbed.rundir import RunDirError
     from testbed.runner import run_experiment
     from testbed.schemes import mean_n0_per_real, resolve_uplinks
 
@@ -67,25 +71,46 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--theta-s: got {args.theta_s}; allowed: 0 < theta_s <= 1")
     if any(q < 1 for q in args.levels):
         raise ConfigError(f"--levels: got {args.levels}; allowed: integers >= 1")
+    if args.target_loss is not None and not (
+        math.isfinite(args.target_loss) and args.target_loss > 0
+    ):
+        raise ConfigError(f"--target-loss: got {args.target_loss}; allowed: a finite value > 0")
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    if args.runs_dir is not None:
+        check_output_dir(args.runs_dir, "--runs-dir")
     base = load_experiment(args.config, args.overrides)
-    hw = load_hardware(base.hw_config)
+    hw = load_hardware(base.hw_config, args.hw_overrides)
     settings = list(itertools.product(args.theta_s, args.levels, args.sigmas))
     if len(settings) < 2:
         raise ConfigError("calibrate: need at least 2 settings (vary --theta-s/--levels/--sigmas)")
     cfgs = []
     for ts, q, sg in settings:
         cfgs.append(load_experiment(args.config, [
-            *args.overrides, "scheme=ee-dp-fl", "plan=null", f"compression.theta_s={ts}",
+            *args.overrides, "scheme=ee-dp-fl", "privacy.unit=device", "plan=null",
+            f"compression.theta_s={ts}",
             f"compression.levels={q}", "compression.sparsify=true", "compression.quantize=true",
             f"privacy.sigma={sg}", "privacy.epsilon=1e12", "privacy.accounting=paper",
             "privacy.trusted_channel_noise=1.0", "power.alpha=null",
         ]))
+    if args.runs_dir is not None:
+        for k in range(len(settings)):
+            taken = args.runs_dir / f"pilot-{k:02d}"
+            if taken.exists():
+                raise ConfigError(
+                    f"--runs-dir '{args.runs_dir}': '{taken.name}' already exists (from an "
+                    "earlier calibration?); allowed: a new or empty directory"
+                )
     d = count_params(base)
     runs_root = args.runs_dir or Path(tempfile.mkdtemp(prefix="calibrate-"))
     rows = []
     for k, (cfg, (ts, q, sg)) in enumerate(zip(cfgs, settings, strict=True)):
         run_dir = runs_root / f"pilot-{k:02d}"
-        summary = run_experiment(cfg, run_dir)
+        try:
+            summary = run_experiment(cfg, run_dir, hw=hw)
+        except (FileNotFoundError, RunDirError) as exc:
+            # e.g. the data set is missing: the runner checks it before the first round.
+            raise ConfigError(f"calibrate: pilot {k}: {exc}") from None
         metrics = run_dir / "metrics.jsonl"
         lines = metrics.read_text().splitlines() if metrics.is_file() else []
         losses = [json.loads(line)["train_loss"] for line in lines if line]
@@ -121,7 +146,7 @@ def _calibrate(args: argparse.Namespace) -> int:
               "runs": rows}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(yaml.safe_dump(result, sort_keys=False))
+        args.out.write_text(dump_yaml_text(result))
     if args.json:
         print(json.dumps(result))
     else:

@@ -17,6 +17,7 @@ from typing import Any
 
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.loader import load_experiment, load_hardware
+from testbed.config.paths import check_output_file
 
 
 def register(sub: Any) -> None:
@@ -38,6 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("--scenario", type=Path, help="solver scenario YAML (solver: mapping)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override an experiment config key (privacy.epsilon=1.8); repeatable")
+    p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="override a hardware config key (symbol_rate_hz=1e6); repeatable")
     p.add_argument("--scheme", default="ee-dp-fl",
                    choices=["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp"],
                    help="scheme whose plan --out writes (default ee-dp-fl)")
@@ -62,8 +66,10 @@ def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.plan_file import save_plan
 
     cfg = load_experiment(args.config, args.overrides)
-    hw = load_hardware(cfg.hw_config)
+    hw = load_hardware(cfg.hw_config, args.hw_overrides)
     sf = read_scenario_file(args.scenario)
+    if args.out is not None:
+        check_output_file(args.out, "--out")
     scenario, notes = scenario_from_config(cfg, hw, sf, count_params=count_params)
     schemes = (args.scheme,) if args.no_peers else (
         args.scheme, *[s for s in ("ee-dp-fl", *PEER_SCHEMES) if s != args.scheme]

@@ -1,7 +1,9 @@
 """``testbed privacy`` and ``testbed privacy-curve``: epsilon of the piggyback DP scheme.
 
 ``privacy`` evaluates one device's epsilon after K identical uploads under the ``paper``
-(003 Theorem 1 / Proposition 1, corrected) or ``strict`` accounting (docs/privacy.md).
+(003 Theorem 1 / Proposition 1, corrected) or ``strict`` accounting (docs/privacy.md); with
+``--unit record``, the record-level epsilon of K Poisson-subsampled Gaussian steps
+(dp-accounting, RDP or PLD).
 ``privacy-curve`` regenerates 003 Fig. 2(b)/(c): epsilon versus receive SNR over AWGN and
 Rayleigh block fading, piggyback against channel only, as CSV and PNG.
 """
@@ -18,9 +20,22 @@ from typing import Any
 import numpy as np
 
 from testbed.config.loader import ConfigError
+from testbed.config.paths import check_output_dir
 
 #: MNIST CNN of 003 (two 5x5 conv layers, FC 50, softmax): 21,840 parameters.
 DEFAULT_D = 21840
+#: Upper limits of the numeric arguments, so the accountant's arithmetic cannot overflow
+#: (the same limits as the experiment config: clip.bound, privacy.sigma <= 1e6,
+#: power.alpha <= 1e9).
+MAX_SIGMA = 1e6
+MAX_CLIP = 1e6
+MAX_ALPHA = 1e9
+MAX_GAIN = 1e6
+MAX_N0 = 1e12
+#: privacy-curve: SNR range (dB), points per curve, Rayleigh draws (realizations x rounds).
+MAX_SNR_DB = 200.0
+MAX_SNR_POINTS = 10_001
+MAX_DRAWS = 10_000_000
 
 
 def register(sub: Any) -> None:
@@ -37,14 +52,26 @@ def register(sub: Any) -> None:
             "is linear). See docs/privacy.md."
         ),
     )
-    p.add_argument("--sigma", type=float, required=True, help="artificial noise std per coordinate")
-    p.add_argument("--alpha", type=float, required=True, help="power scaling of C(g + eta)")
-    p.add_argument("--h", type=float, required=True, help="credited channel gain |h| (>= 0)")
-    p.add_argument("--n0", type=float, required=True, help="noise variance per real coordinate")
-    p.add_argument("--rounds", type=int, required=True, help="K, number of uploads")
+    p.add_argument("--unit", default="device", choices=["device", "record"],
+                   help="device (default): a device's whole update, the options below; "
+                        "record: one sample, K Poisson-subsampled Gaussian steps "
+                        "(--q, --z, --steps, --accountant, --relation)")
+    p.add_argument("--sigma", type=float, help="artificial noise std per coordinate (device)")
+    p.add_argument("--alpha", type=float, help="power scaling of C(g + eta) (device)")
+    p.add_argument("--h", type=float, help="credited channel gain |h| (>= 0) (device)")
+    p.add_argument("--n0", type=float, help="noise variance per real coordinate (device)")
+    p.add_argument("--rounds", type=int, help="K, number of uploads (device)")
     p.add_argument("--d", type=int, default=DEFAULT_D, help=f"model size (default {DEFAULT_D})")
     p.add_argument("--l", type=int, help="coordinates sent (default d: no sparsification)")
-    p.add_argument("--q", type=int, help="quantization levels Q (default: no quantization)")
+    p.add_argument("--q", type=_number,
+                   help="device: quantization levels Q (default: no quantization); "
+                        "record: Poisson sampling rate in (0, 1]")
+    p.add_argument("--z", type=float, help="record: noise multiplier std / (C/B), > 0")
+    p.add_argument("--steps", type=int, help="record: K, number of subsampled Gaussian steps")
+    p.add_argument("--accountant", choices=["rdp", "pld"],
+                   help="record: dp-accounting RDP (default) or PLD")
+    p.add_argument("--relation", choices=["add-remove", "replace-one"],
+                   help="record: neighbouring data sets (default add-remove)")
     p.add_argument("--clip", type=float, default=5.0, help="Z, l2 clip bound (default 5)")
     p.add_argument("--clip-mode", default="coordinate", choices=["coordinate", "norm"],
                    help="coordinate: |g_j| <= Z/sqrt(d) (default); norm: ||g|| <= Z")
@@ -100,20 +127,52 @@ def _fail(message: str) -> None:
     raise ConfigError(message)
 
 
+def _number(text: str) -> int | float:
+    """An integer if ``text`` is one, else a float (``--q`` serves both units)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+
+
+#: --unit record: most steps composed (a PLD self-composition grows with K).
+MAX_RECORD_STEPS = 10_000_000
+#: Options of one unit that the other unit refuses (both default to None).
+_DEVICE_ONLY = ("sigma", "alpha", "h", "n0", "rounds", "l")
+_RECORD_ONLY = ("z", "steps", "accountant", "relation")
+
+
+def _only_for(args: argparse.Namespace, unit: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(args, name) is not None:
+            _fail(f"--{name} applies only to --unit {unit}")
+
+
 def _privacy(args: argparse.Namespace) -> int:
     from aggregator.privacy import epsilon_for
 
+    if args.unit == "record":
+        return _privacy_record(args)
+    _only_for(args, "record", _RECORD_ONLY)
+    missing = [f"--{n}" for n in ("sigma", "alpha", "h", "n0", "rounds")
+               if getattr(args, n) is None]
+    if missing:
+        _fail(f"the following arguments are required: {', '.join(missing)}")
     l = args.d if args.l is None else args.l
     checks = [
-        ("--sigma", args.sigma, args.sigma >= 0 and math.isfinite(args.sigma), ">= 0"),
-        ("--alpha", args.alpha, args.alpha >= 0 and math.isfinite(args.alpha), ">= 0"),
-        ("--h", args.h, args.h >= 0 and math.isfinite(args.h), ">= 0"),
-        ("--n0", args.n0, args.n0 >= 0 and math.isfinite(args.n0), ">= 0"),
+        ("--sigma", args.sigma, 0 <= args.sigma <= MAX_SIGMA, f"in [0, {MAX_SIGMA:g}]"),
+        ("--alpha", args.alpha, 0 <= args.alpha <= MAX_ALPHA, f"in [0, {MAX_ALPHA:g}]"),
+        ("--h", args.h, 0 <= args.h <= MAX_GAIN, f"in [0, {MAX_GAIN:g}]"),
+        ("--n0", args.n0, 0 <= args.n0 <= MAX_N0, f"in [0, {MAX_N0:g}]"),
         ("--rounds", args.rounds, args.rounds >= 0, "an integer >= 0"),
         ("--d", args.d, args.d >= 1, "an integer >= 1"),
         ("--l", l, 1 <= l <= args.d, f"an integer in [1, d={args.d}]"),
-        ("--q", args.q, args.q is None or args.q >= 1, "an integer >= 1"),
-        ("--clip", args.clip, args.clip > 0 and math.isfinite(args.clip), "> 0"),
+        ("--q", args.q, args.q is None or (isinstance(args.q, int) and args.q >= 1),
+         "an integer >= 1"),
+        ("--clip", args.clip, 0 < args.clip <= MAX_CLIP, f"in (0, {MAX_CLIP:g}]"),
         ("--delta", args.delta, 0 < args.delta < 1, "in (0, 1)"),
         ("--trusted", args.trusted, 0 <= args.trusted <= 1, "in [0, 1]"),
     ]
@@ -144,6 +203,50 @@ def _privacy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _privacy_record(args: argparse.Namespace) -> int:
+    """``--unit record``: epsilon of ``--steps`` identical Poisson-subsampled Gaussian steps."""
+    from aggregator.privacy import record_epsilon_for
+
+    _only_for(args, "device", _DEVICE_ONLY)
+    missing = [f"--{n}" for n in ("q", "z", "steps") if getattr(args, n) is None]
+    if missing:
+        _fail(f"the following arguments are required with --unit record: {', '.join(missing)}")
+    checks = [
+        ("--q", args.q, 0 < args.q <= 1, "in (0, 1]"),
+        ("--z", args.z, args.z > 0 and math.isfinite(args.z), "> 0 and finite"),
+        ("--steps", args.steps, 1 <= args.steps <= MAX_RECORD_STEPS,
+         f"an integer in [1, {MAX_RECORD_STEPS}]"),
+        ("--delta", args.delta, 0 < args.delta < 1, "in (0, 1)"),
+    ]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            _fail(f"{name}={value} is not allowed; must be {allowed}")
+    accountant = args.accountant or "rdp"
+    relation = args.relation or "add-remove"
+    res = record_epsilon_for(q=float(args.q), z=args.z, steps=args.steps, delta=args.delta,
+                             accountant=accountant, relation=relation)
+    out = {
+        "epsilon": _num(res.epsilon),
+        "unit": "record",
+        "accountant": res.accountant,
+        "relation": res.relation,
+        "delta": args.delta,
+        "q": float(args.q),
+        "z": args.z,
+        "steps": args.steps,
+        "order": _num(res.order),
+        "order_at_edge": res.order_at_edge,
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        order = f" at Renyi order {res.order:.6g}" if accountant == "rdp" else ""
+        print(f"epsilon = {res.epsilon:.6g}{order} (record level, {accountant}, {relation}, "
+              f"delta = {args.delta:g}, q = {float(args.q):g}, z = {args.z:g}, "
+              f"K = {args.steps})")
+    return 0
+
+
 def _num(x: float) -> float | str:
     """JSON has no inf/nan: write them as strings."""
     return x if math.isfinite(x) else str(x)
@@ -158,22 +261,36 @@ def _curve(args: argparse.Namespace) -> int:
         ("--d", d, d >= 1, "an integer >= 1"),
         ("--l", l, 1 <= l <= d, f"an integer in [1, d={d}]"),
         ("--q", args.q, args.q >= 1, "an integer >= 1"),
-        ("--sigma", args.sigma, args.sigma >= 0 and math.isfinite(args.sigma), ">= 0"),
-        ("--clip", args.clip, args.clip > 0 and math.isfinite(args.clip), "> 0"),
-        ("--rounds", args.rounds, args.rounds >= 1, "an integer >= 1"),
+        ("--sigma", args.sigma, 0 <= args.sigma <= MAX_SIGMA, f"in [0, {MAX_SIGMA:g}]"),
+        ("--clip", args.clip, 0 < args.clip <= MAX_CLIP, f"in (0, {MAX_CLIP:g}]"),
+        ("--rounds", args.rounds, 1 <= args.rounds <= MAX_DRAWS, f"an integer in [1, {MAX_DRAWS}]"),
         ("--delta", args.delta, 0 < args.delta < 1, "in (0, 1)"),
         ("--trusted", args.trusted, 0 <= args.trusted <= 1, "in [0, 1]"),
-        ("--snr-step", args.snr_step, args.snr_step > 0, "> 0"),
+        ("--snr-min", args.snr_min, -MAX_SNR_DB <= args.snr_min <= MAX_SNR_DB,
+         f"in [-{MAX_SNR_DB:g}, {MAX_SNR_DB:g}] dB"),
+        ("--snr-max", args.snr_max, -MAX_SNR_DB <= args.snr_max <= MAX_SNR_DB,
+         f"in [-{MAX_SNR_DB:g}, {MAX_SNR_DB:g}] dB"),
+        ("--snr-step", args.snr_step, 0 < args.snr_step <= 2 * MAX_SNR_DB, "> 0"),
         ("--snr-max", args.snr_max, args.snr_max >= args.snr_min, ">= --snr-min"),
-        ("--realizations", args.realizations, args.realizations >= 2, "an integer >= 2"),
+        ("--realizations", args.realizations, 2 <= args.realizations <= MAX_DRAWS,
+         f"an integer in [2, {MAX_DRAWS}]"),
         ("--seed", args.seed, args.seed >= 0, "an integer >= 0"),
     ]
     for name, value, ok, allowed in checks:
         if not ok:
             _fail(f"{name}={value} is not allowed; must be {allowed}")
-    if args.out.exists() and not args.out.is_dir():
-        _fail(f"--out={args.out} exists and is not a directory")
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.realizations * args.rounds > MAX_DRAWS:
+        _fail(f"--realizations x --rounds = {args.realizations * args.rounds} is not allowed; "
+              f"must be at most {MAX_DRAWS} channel draws")
+    n_snr = (args.snr_max - args.snr_min) / args.snr_step + 1
+    if n_snr > MAX_SNR_POINTS:
+        _fail(f"--snr-min/--snr-max/--snr-step give {n_snr:.4g} SNR points; allowed: at most "
+              f"{MAX_SNR_POINTS} (use a larger --snr-step)")
+    check_output_dir(args.out, "--out")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"--out={args.out}: cannot create the directory ({exc.strerror or exc})")
 
     schemes = [
         Scheme("channel-only", d, None, 0.0),

@@ -14,17 +14,31 @@ Sections (all optional, defaults shown in ``hw_configs/sim.yaml``):
 ``usrp``
     Device arguments, frequency, gains, power limit, clock and time source of a
     USRP (N210 + WBX in the paper's lab).
+
+Types are strict as in :mod:`testbed.config.experiment`: no booleans or strings for
+numbers, no integers for booleans, every number finite. Rates and powers have upper bounds
+so later arithmetic cannot overflow: ``symbol_rate_hz <= 1e9``, ``tx_power_ref_w <= 100`` W,
+``coherence_symbols <= 1e12``, ``snr_sweep_db`` values in [-50, 100] dB.
+
+Any key can be changed from the command line with ``--hw-set KEY=VALUE`` (dotted for
+sections, e.g. ``--hw-set waveform.speed_kmh=20``); see
+:func:`testbed.config.loader.load_hardware`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    """Base: unknown keys refused, no coercion across kinds, finite numbers only."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
+    )
 
 
 class WaveformSection(_Strict):
@@ -35,7 +49,9 @@ class WaveformSection(_Strict):
     span_symbols: int = Field(16, ge=2, le=128, description="RRC length in symbols (even)")
     zc_length: int = Field(37, ge=3, le=1023, description="Zadoff-Chu length (odd)")
     preamble_repeats: int = Field(4, ge=2, le=16)
-    pilot_spacing: int = Field(96, ge=1, description="payload symbols between pilot blocks")
+    pilot_spacing: int = Field(
+        96, ge=1, le=1_000_000, description="payload symbols between pilot blocks"
+    )
     pilots_per_block: int = Field(8, ge=2, le=256)
     pilot_smoothing: int = Field(3, ge=1, le=63, description="pilot blocks averaged (odd)")
     guard_symbols: int = Field(12, ge=0, le=4096)
@@ -96,13 +112,16 @@ class HardwareConfig(_Strict):
     name: str = "sim"
     link: Literal["symbol", "waveform", "gnuradio", "usrp"] = "symbol"
     symbol_rate_hz: float = Field(
-        200e3, gt=0, description="analog symbol rate; t_cm = 1 / symbol_rate_hz (s)"
+        200e3, gt=0, le=1e9, description="analog symbol rate; t_cm = 1 / symbol_rate_hz (s)"
     )
     tx_power_ref_w: float = Field(
-        0.1, gt=0, description="radiated power (W) of a unit-average-power symbol stream"
+        0.1, gt=0, le=100, description="radiated power (W) of a unit-average-power symbol stream"
     )
     coherence_symbols: int | None = Field(
-        None, ge=1, description="block-fading length in symbols; null = one block per upload"
+        None,
+        ge=1,
+        le=10**12,
+        description="block-fading length in symbols; null = one block per upload",
     )
     center_freq_hz: float = Field(915e6, gt=0, le=6e9, description="carrier frequency (Hz)")
     fading: Literal["none", "rayleigh", "rician"] | None = Field(
@@ -114,6 +133,14 @@ class HardwareConfig(_Strict):
     waveform: WaveformSection = WaveformSection()
     gnuradio: GnuradioSection = GnuradioSection()
     usrp: UsrpSection = UsrpSection()
+
+    @field_validator("snr_sweep_db")
+    @classmethod
+    def _sweep_range(cls, v: list[float] | None) -> list[float] | None:
+        for x in v or []:
+            if not (math.isfinite(x) and -50.0 <= x <= 100.0):
+                raise ValueError(f"SNR {x} dB outside the allowed range [-50, 100] dB")
+        return v
 
     @model_validator(mode="after")
     def _power(self) -> HardwareConfig:

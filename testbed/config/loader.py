@@ -8,69 +8,95 @@ given and what is allowed, e.g.::
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from testbed.config.errors import ConfigError
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
+from testbed.config.safe_yaml import (
+    dump_yaml_text,
+    parse_yaml_text,
+    read_yaml_mapping,
+    short_repr,
+    short_text,
+)
+
+__all__ = [
+    "HW_CONFIG_DIR",
+    "HW_CONFIG_ENV",
+    "ConfigError",
+    "apply_overrides",
+    "default_experiment_dict",
+    "dump_yaml",
+    "hw_config_dir",
+    "load_experiment",
+    "load_hardware",
+    "parse_override",
+    "resolve_hw_config_path",
+    "validate",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
-#: The repository's ``hw_configs`` folder (next to the packages in a checkout).
+#: The repository's ``hw_configs`` folder (next to the packages in a checkout or an
+#: editable install; found from this file, not from the working directory).
 HW_CONFIG_DIR = Path(__file__).resolve().parents[2] / "hw_configs"
+#: Environment variable that points at another ``hw_configs`` folder (a wheel install
+#: has none beside the package).
+HW_CONFIG_ENV = "TESTBED_HW_CONFIG_DIR"
+#: Most validation errors listed in one message; the rest are counted.
+MAX_ERRORS_SHOWN = 8
 
-
-class ConfigError(ValueError):
-    """A configuration value was refused; the message says which key and why."""
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping, got {type(data).__name__}")
-    return data
+_BARE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def default_experiment_dict() -> dict[str, Any]:
     """The default experiment shipped with the package, as a plain mapping."""
-    text = resources.files("testbed.config").joinpath("default.yaml").read_text()
-    data = yaml.safe_load(text)
+    text = resources.files("testbed.config").joinpath("default.yaml").read_text("utf-8")
+    data = parse_yaml_text(text, "the shipped default.yaml")
     assert isinstance(data, dict)
     return data
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Split ``"a.b=value"`` into (``["a", "b"]``, parsed YAML value)."""
+def parse_override(item: str, flag: str = "--set") -> tuple[list[str], Any]:
+    """Split ``"a.b=value"`` into (``["a", "b"]``, parsed YAML value).
+
+    Parameters
+    ----------
+    item
+        One ``KEY=VALUE`` string; dotted keys address sections.
+    flag
+        The option the string came from (``--set`` or ``--hw-set``), for error messages.
+    """
+    shown = short_text(item)
     if "=" not in item:
-        raise ConfigError(f"--set '{item}': expected key=value, e.g. --set rounds=5")
+        raise ConfigError(f"{flag} '{shown}': expected key=value, e.g. {flag} "
+                          + ("rounds=5" if flag == "--set" else "waveform.speed_kmh=20"))
     key, raw = item.split("=", 1)
     key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set '{item}': empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set '{item}': value is not valid YAML: {exc}") from exc
-    return key.split("."), value
+    if not key or any(not part.strip() for part in key.split(".")):
+        raise ConfigError(f"{flag} '{shown}': empty key")
+    value = parse_yaml_text(raw, f"{flag} '{shown}' value") if raw.strip() else None
+    return [part.strip() for part in key.split(".")], value
 
 
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``key.sub=value`` override applied."""
+def apply_overrides(
+    data: dict[str, Any], overrides: Iterable[str], flag: str = "--set"
+) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key.sub=value`` override applied.
+
+    ``flag`` names the option in error messages (``--set`` or ``--hw-set``).
+    """
     out: dict[str, Any] = _deep_copy(data)
     for item in overrides:
-        path, value = parse_override(item)
+        path, value = parse_override(item, flag)
         node = out
         for part in path[:-1]:
             child = node.get(part)
@@ -78,7 +104,10 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
                 child = {}
                 node[part] = child
             if not isinstance(child, dict):
-                raise ConfigError(f"--set '{item}': '{part}' is a value ({child!r}), not a section")
+                raise ConfigError(
+                    f"{flag} '{short_text(item)}': '{part}' is a value "
+                    f"({short_repr(child)}), not a section"
+                )
             node = child
         node[path[-1]] = value
     return out
@@ -88,20 +117,41 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
 
+def _loc(parts: Iterable[Any]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _format_one(err: Any, what: str) -> str:
+    loc = _loc(err["loc"])
+    msg = err["msg"]
+    given = short_repr(err.get("input"))
+    if err["type"] == "extra_forbidden":
+        return f"{what} key '{loc}': unknown key (value {given})"
+    if err["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        if not err["loc"]:
+            return f"{what}: {msg}"
+        return f"{what} key '{loc}': got {given}; {msg}"
+    ctx = err.get("ctx") or {}
+    allowed = f" (allowed: {short_text(str(ctx['expected']))})" if "expected" in ctx else ""
+    hint = ""
+    if err["type"] in ("int_type", "float_type", "finite_number"):
+        value = err.get("input")
+        if isinstance(value, bool):
+            hint = " (true/false is not a number)"
+        elif isinstance(value, str):
+            hint = " (a number, written without quotes)"
+    return f"{what} key '{loc}': got {given}; {msg}{allowed}{hint}"
+
+
 def _format_validation_error(exc: ValidationError, what: str) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{what} key '{loc}': unknown key (value {err.get('input')!r})")
-            continue
-        if err["type"] == "value_error":
-            lines.append(f"{what}: {msg.removeprefix('Value error, ')}")
-            continue
-        ctx = err.get("ctx") or {}
-        allowed = f" (allowed: {ctx['expected']})" if "expected" in ctx else ""
-        lines.append(f"{what} key '{loc}': got {err.get('input')!r}; {msg}{allowed}")
+    errors = exc.errors()
+    lines = [_format_one(err, what) for err in errors[:MAX_ERRORS_SHOWN]]
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"... and {len(errors) - MAX_ERRORS_SHOWN} more errors")
     return "\n".join(lines)
 
 
@@ -127,7 +177,7 @@ def load_experiment(
     """
     data = default_experiment_dict()
     if path is not None:
-        data = _merge(data, _read_yaml(Path(path)))
+        data = _merge(data, read_yaml_mapping(path, "config file"))
     data = apply_overrides(data, overrides)
     return validate(ExperimentConfig, data, "config")
 
@@ -142,26 +192,68 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def resolve_hw_config_path(name_or_path: str) -> Path:
-    """Map ``sim`` to ``hw_configs/sim.yaml``; pass real paths through."""
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
-        return candidate
-    path = HW_CONFIG_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in HW_CONFIG_DIR.glob("*.yaml"))
+def hw_config_dir() -> Path:
+    """The folder of named hardware configs: ``$TESTBED_HW_CONFIG_DIR`` or the checkout's.
+
+    Raises
+    ------
+    ConfigError
+        When the folder does not exist, saying where it looked.
+    """
+    env = os.environ.get(HW_CONFIG_ENV)
+    folder = Path(env) if env else HW_CONFIG_DIR
+    if not folder.is_dir():
+        source = f"${HW_CONFIG_ENV}" if env else "beside the installed package"
         raise ConfigError(
-            f"config key 'hw_config': got {name_or_path!r}; allowed: a YAML path or one of {known}"
+            f"hardware configs folder not found: looked in '{folder}' ({source}); set "
+            f"{HW_CONFIG_ENV} to the folder holding sim.yaml, or give hw_config as a YAML path"
         )
-    return path
+    return folder
 
 
-def load_hardware(name_or_path: str, overrides: Iterable[str] = ()) -> HardwareConfig:
-    """Load a hardware config by name (``sim``) or path."""
-    data = apply_overrides(_read_yaml(resolve_hw_config_path(name_or_path)), overrides)
+def resolve_hw_config_path(name_or_path: str, key: str = "config key 'hw_config'") -> Path:
+    """Map ``sim`` to ``<hw_configs>/sim.yaml``; pass paths through.
+
+    A bare name (letters, digits, ``-``, ``_``) is looked up in :func:`hw_config_dir`
+    whatever the working directory; anything else (``my/hw.yaml``, ``./hw``) is a path,
+    relative to the working directory. ``key`` names the setting in errors.
+    """
+    text = str(name_or_path)
+    if not _BARE_NAME.fullmatch(text):
+        if not text.strip():
+            raise ConfigError(f"{key}: got {text!r}; allowed: a hardware config name or path")
+        return Path(text)
+    folder = hw_config_dir()
+    path = folder / f"{text}.yaml"
+    if path.is_file():
+        return path
+    if Path(text).is_file():
+        return Path(text)
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
+    raise ConfigError(
+        f"{key}: got {short_repr(text)}; allowed: a YAML path or one of {known} "
+        f"(in {folder})"
+    )
+
+
+def load_hardware(name_or_path: str | Path, overrides: Iterable[str] = ()) -> HardwareConfig:
+    """Load a hardware config by name (``sim``) or path, then ``--hw-set`` overrides.
+
+    Parameters
+    ----------
+    name_or_path
+        A name in the hardware configs folder (``sim``, ``lab_ota``, ``darkroom``) or a
+        path to a YAML file.
+    overrides
+        ``KEY=VALUE`` strings as given to ``--hw-set``, dotted keys for sections
+        (``waveform.speed_kmh=20``). Errors name ``--hw-set`` and the
+        ``hardware config key '...'``.
+    """
+    path = resolve_hw_config_path(str(name_or_path))
+    data = apply_overrides(read_yaml_mapping(path, "hardware config file"), overrides, "--hw-set")
     return validate(HardwareConfig, data, "hardware config")
 
 
 def dump_yaml(model: BaseModel) -> str:
     """The resolved config as YAML (every key, defaults included)."""
-    return yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False)
+    return dump_yaml_text(model.model_dump(mode="json"))

@@ -13,7 +13,7 @@ import pytest
 from aggregator.solver.plan_file import load_plan
 from testbed.cli.main import main
 
-COORD = ["--set", "clip.mode=coordinate"]
+COORD = ["--set", "clip.mode=coordinate", "--set", "privacy.unit=device"]
 #: No data set here: a calibrate case that got as far as training would fail loudly.
 NO_DATA = ["--set", "data_dir=/nonexistent-testbed-data"]
 PRIVACY = ["privacy", "--sigma", "0.1", "--alpha", "1", "--h", "1", "--n0", "0.01",

@@ -13,7 +13,7 @@ from testbed.cli.main import main
 from testbed.config.loader import ConfigError
 
 LOGREG_D = 28 * 28 * 10 + 10
-DP_CLIP = ["clip.mode=coordinate", "clip.bound=5"]
+DP_CLIP = ["clip.mode=coordinate", "clip.bound=5", "privacy.unit=device"]
 
 
 def write_scenario(path: Path, **kw: object) -> Path:
@@ -97,7 +97,7 @@ def test_bad_scenario_key_is_a_config_error(
 ) -> None:
     scn = tmp_path / "scn.yaml"
     scn.write_text(yaml.safe_dump({"solver": {"beta3": 1.0}}))
-    assert main(["plan", "--scenario", str(scn)]) == 2
+    assert main(["plan", "--set", "privacy.unit=device", "--scenario", str(scn)]) == 2
     assert "beta3" in capsys.readouterr().err
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.experiment import ExperimentConfig
-from testbed.config.loader import load_experiment, load_hardware
+from testbed.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.config.paths import check_output_file
 
 
@@ -66,6 +66,12 @@ def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.plan_file import save_plan
 
     cfg = load_experiment(args.config, args.overrides)
+    if cfg.privacy.unit != "device":
+        raise ConfigError(
+            f"config key 'privacy.unit': got {cfg.privacy.unit!r}; the EE-DP-FL solver plans "
+            "device-level privacy only so far (a device's whole update clipped to Z); add "
+            "--set privacy.unit=device"
+        )
     hw = load_hardware(cfg.hw_config, args.hw_overrides)
     sf = read_scenario_file(args.scenario)
     if args.out is not None:

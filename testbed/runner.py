@@ -152,7 +152,10 @@ class Experiment:
         self.record: list[RecordSettings] = []
         self.trainers: list[Any]
         if self.unit == "record":
-            self.trainers = [RecordTrainer(self.model, x[p], y[p]) for p in self.parts]
+            self.trainers = [
+                RecordTrainer(self.model, x[p], y[p], backend=cfg.privacy.per_example)
+                for p in self.parts
+            ]
             pairs = resolve_record_uplinks(cfg, hw, self.d, [len(p) for p in self.parts])
             self.uplinks = [up for up, _ in pairs]
             self.record = [rs for _, rs in pairs]

@@ -153,6 +153,14 @@ class PrivacyConfig(_Strict):
         le=1e6,
         description="record unit: noise multiplier z per step; null = calibrated to epsilon",
     )
+    per_example: Literal["vmap", "layers"] = Field(
+        "vmap",
+        description=(
+            "record unit: per-example gradients by torch.func (vmap over grad) or by the "
+            "project's layer-wise closed forms (about 1.5x faster on the CNN, checked "
+            "against vmap; edge_device/per_example.py)"
+        ),
+    )
     stop_on_budget: bool = Field(
         False,
         description=(

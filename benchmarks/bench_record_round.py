@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Cost of a record-level private local round next to a non-private one.
+
+Measured in the same run, on the same device data (``--examples`` Fashion-MNIST training
+images when ``--data-dir`` holds them, else Fashion-MNIST-shaped random data), the same
+model and the same H:
+
+* ``nonprivate``: :class:`edge_device.trainer.LocalTrainer`, H steps with batch B;
+* ``record``: :class:`edge_device.dp_trainer.RecordTrainer`, H steps with Poisson batches
+  of expected size B drawn from the OS CSPRNG, per-example clipping and per-step noise
+  (DP-SGD on the device);
+* ``record_upload``: the same with ``noise_multiplier = 0`` (noise added at the upload).
+
+Each figure is the best of ``--repeats`` rounds (the variants alternate, so a busy machine
+slows all of them alike); the ratios are record / non-private (the issue's target: <= 2),
+in wall time and in process CPU time (steadier on a shared machine).
+Usage::
+
+    .venv/bin/python benchmarks/bench_record_round.py [--batch 32 64 128] [--steps 20]
+        [--repeats 3] [--threads 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edge_device.dp_trainer import RecordTrainer
+from edge_device.trainer import LocalTrainer
+from testbed.data.datasets import load_dataset
+from testbed.models import build_model, get_flat
+
+DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def device_data(n: int, data_dir: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """``n`` training examples ``(n, 1, 28, 28)`` float32 / ``(n,)`` int64, and their source."""
+    if Path(data_dir).is_dir():
+        try:
+            ds = load_dataset("fashion-mnist", data_dir)
+            return ds.x_train[:n], ds.y_train[:n], f"fashion-mnist ({data_dir})"
+        except FileNotFoundError:
+            pass
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
+    return x, rng.integers(0, 10, n).astype(np.int64), "random, Fashion-MNIST-shaped"
+
+
+def best_seconds(
+    fns: dict[str, Callable[[], object]], repeats: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Best wall and best process-CPU time (s) of each function over ``repeats`` alternating
+    calls, after one warm-up call each. CPU time is the steadier figure on a shared machine."""
+    for fn in fns.values():
+        fn()
+    wall = dict.fromkeys(fns, float("inf"))
+    cpu = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            cpu[name] = min(cpu[name], time.process_time() - c)
+            wall[name] = min(wall[name], time.perf_counter() - t)
+    return wall, cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="mnist-cnn", choices=["mnist-cnn", "logreg"])
+    p.add_argument("--batch", type=int, nargs="+", default=[32, 64, 128],
+                   help="(expected) batch sizes B")
+    p.add_argument("--steps", type=int, default=20, help="H, local steps per round")
+    p.add_argument("--examples", type=int, default=6000, help="D, the device's examples")
+    p.add_argument("--noise-multiplier", type=float, default=1.0, help="per-step z")
+    p.add_argument("--clip", type=float, default=1.0, help="per-example clip C")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per variant; the best is kept")
+    p.add_argument("--data-dir", default=DEFAULT_DATA)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1 or args.threads < 1 or args.examples < max(args.batch):
+        p.error("need --steps, --repeats, --threads >= 1 and --examples >= every --batch")
+    torch.set_num_threads(args.threads)
+    x, y, source = device_data(args.examples, args.data_dir)
+    model = build_model(args.model, (1, 28, 28), seed=0)
+    w0 = get_flat(model)
+    plain = LocalTrainer(model, x, y)
+    record = RecordTrainer(model, x, y)
+    rows = []
+    for b in args.batch:
+        dp = {"steps": args.steps, "lr": args.lr, "expected_batch_size": b,
+              "example_clip": args.clip}
+        fns: dict[str, Callable[[], object]] = {
+            "nonprivate": partial(plain.train, w0, steps=args.steps, batch_size=b, lr=args.lr,
+                                  rng=np.random.default_rng(1)),
+            "record": partial(record.train, w0, noise_multiplier=args.noise_multiplier, **dp),
+            "record_upload": partial(record.train, w0, noise_multiplier=0.0, **dp),
+        }
+        t, cpu = best_seconds(fns, args.repeats)
+        rows.append({
+            "batch": b,
+            "nonprivate_round_s": t["nonprivate"],
+            "record_round_s": t["record"],
+            "record_upload_round_s": t["record_upload"],
+            "nonprivate_step_ms": 1e3 * t["nonprivate"] / args.steps,
+            "record_step_ms": 1e3 * t["record"] / args.steps,
+            "ratio": t["record"] / t["nonprivate"],
+            "ratio_upload": t["record_upload"] / t["nonprivate"],
+            "ratio_cpu": cpu["record"] / cpu["nonprivate"],
+            "ratio_upload_cpu": cpu["record_upload"] / cpu["nonprivate"],
+        })
+    result = {
+        "model": args.model,
+        "backend": record.clipped_sum.backend,
+        "data": source,
+        "examples": args.examples,
+        "steps": args.steps,
+        "noise_multiplier": args.noise_multiplier,
+        "clip": args.clip,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "rounds": rows,
+        "ratio_max": max(r["ratio"] for r in rows),
+        "ratio_cpu_max": max(r["ratio_cpu"] for r in rows),
+    }
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for k, v in result.items():
+            if k != "rounds":
+                print(f"{k:18s} {v:.3f}" if isinstance(v, float) else f"{k:18s} {v}")
+        print(f"{'B':>5s} {'nonpriv s':>10s} {'record s':>10s} {'upload s':>10s} "
+              f"{'np ms/step':>10s} {'rec ms/step':>11s} {'ratio':>6s} {'ratio_up':>8s} "
+              f"{'cpu ratio':>9s} {'cpu r_up':>8s}")
+        for r in rows:
+            print(f"{r['batch']:5d} {r['nonprivate_round_s']:10.3f} {r['record_round_s']:10.3f} "
+                  f"{r['record_upload_round_s']:10.3f} {r['nonprivate_step_ms']:10.2f} "
+                  f"{r['record_step_ms']:11.2f} {r['ratio']:6.2f} {r['ratio_upload']:8.2f} "
+                  f"{r['ratio_cpu']:9.2f} {r['ratio_upload_cpu']:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--repeats", type=int, default=3, help="rounds per variant; the best is kept")
     p.add_argument("--data-dir", default=DEFAULT_DATA)
+    p.add_argument("--backend", default="vmap", choices=["vmap", "layers"],
+                   help="per-example gradients (privacy.per_example; default vmap, as runs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.threads < 1 or args.examples < max(args.batch):
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args.model, (1, 28, 28), seed=0)
     w0 = get_flat(model)
     plain = LocalTrainer(model, x, y)
-    record = RecordTrainer(model, x, y)
+    record = RecordTrainer(model, x, y, backend=args.backend)
     rows = []
     for b in args.batch:
         dp = {"steps": args.steps, "lr": args.lr, "expected_batch_size": b,

@@ -215,6 +215,8 @@ class RunDir:
     @classmethod
     def open(cls, path: Path) -> RunDir:
         """Open an existing run for resuming, and lock it."""
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"--resume '{path}': is a file, not a run directory")
         if not path.is_dir():
             raise RunDirError(f"--resume '{path}': no such run directory")
         if not (path / "config.yaml").is_file():

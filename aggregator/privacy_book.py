@@ -189,9 +189,5 @@ class PrivacyBook:
         out["uploads"] = len(history)
         return out
 
-    def uploads(self, device: int) -> int:
-        """Uploads recorded for ``device``."""
-        return len(self.accountants[self.enforce].history(device))
-
     def close(self) -> None:
         self.ledger.close()

@@ -2,8 +2,9 @@
 
 Every experiment draw (data split, model init, minibatches, the simulated channel) takes an
 explicit generator spawned from one root seed and a purpose, device and round, so a resumed
-run redraws exactly what an uninterrupted one would. Privacy noise never comes from here:
-:func:`secure_generator` seeds from the operating system's CSPRNG and refuses a seed.
+run redraws exactly what an uninterrupted one would. Privacy noise and secret batch
+sampling never come from here: they are drawn from the OS CSPRNG in
+:mod:`edge_device.noise` (a PCG generator seeded from the CSPRNG would not be a CSPRNG).
 """
 
 from __future__ import annotations
@@ -46,20 +47,6 @@ def experiment_generator(
     return np.random.Generator(
         np.random.PCG64(np.random.SeedSequence([seed, int(stream), device, round_index]))
     )
-
-
-def secure_generator(seed: object = None) -> np.random.Generator:
-    """Generator for privacy noise, seeded with 256 bits from the OS CSPRNG.
-
-    Raises
-    ------
-    ValueError
-        If a seed is passed: privacy noise must not be reproducible from anything an
-        adversary could learn (such as the experiment seed in a run's metadata).
-    """
-    if seed is not None:
-        raise ValueError("secure_generator refuses a seed: privacy noise must be unpredictable")
-    return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(256)))
 
 
 def new_run_secret() -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 #: Where the artificial noise sits; ``"none"``: no privacy mechanism (nothing is credited).
 MECHANISMS = ("before", "after", "none")
@@ -42,8 +42,58 @@ class EventError(ValueError):
     """An event field is missing, of the wrong type or out of range."""
 
 
+class JsonEvent:
+    """JSON form shared by every event type: a ``type`` tag plus the dataclass fields.
+
+    Subclasses are frozen dataclasses with a class-level ``TYPE`` tag; parsing refuses
+    another tag and unknown keys, and lets the dataclass validate the values.
+    """
+
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping with a ``type`` tag (JSON-ready)."""
+        out: dict[str, Any] = {"type": self.TYPE}
+        out.update(asdict(self))  # type: ignore[call-overload]
+        return out
+
+    def to_json(self) -> str:
+        """One-line JSON (sorted keys, no spaces)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls: type[E], data: dict[str, Any]) -> E:
+        """Inverse of :meth:`to_dict`; refuses another type tag and unknown keys."""
+        name = cls.__name__
+        if not isinstance(data, dict):
+            raise EventError(f"{name}: expected a JSON object, got {type(data).__name__}")
+        kind = data.get("type")
+        if kind != cls.TYPE:
+            raise EventError(f"{name}: type={kind!r}, expected {cls.TYPE!r}")
+        fields = {k: v for k, v in data.items() if k != "type"}
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))  # type: ignore[attr-defined]
+        if unknown:
+            raise EventError(f"{name}: unknown keys {unknown}")
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise EventError(f"{name}: {exc}") from exc
+
+    @classmethod
+    def from_json(cls: type[E], text: str) -> E:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EventError(f"{cls.__name__}: not JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+
+E = TypeVar("E", bound=JsonEvent)
+
+
 @dataclass(frozen=True)
-class UploadEvent:
+class UploadEvent(JsonEvent):
     """One upload of one device in one round.
 
     Attributes
@@ -144,40 +194,3 @@ class UploadEvent:
     def n0_credited(self) -> float:
         """``trusted_channel_noise * n0``: the channel noise variance per real coordinate."""
         return self.trusted_channel_noise * self.n0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain mapping with a ``type`` tag (JSON-ready)."""
-        out: dict[str, Any] = {"type": self.TYPE}
-        out.update(asdict(self))
-        return out
-
-    def to_json(self) -> str:
-        """One-line JSON (sorted keys, no spaces)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> UploadEvent:
-        """Inverse of :meth:`to_dict`; refuses another type tag and unknown keys."""
-        if not isinstance(data, dict):
-            raise EventError(f"UploadEvent: expected a JSON object, got {type(data).__name__}")
-        kind = data.get("type")
-        if kind != cls.TYPE:
-            raise EventError(f"UploadEvent: type={kind!r}, expected {cls.TYPE!r}")
-        fields = {k: v for k, v in data.items() if k != "type"}
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise EventError(f"UploadEvent: unknown keys {unknown}")
-        try:
-            return cls(**fields)
-        except TypeError as exc:
-            raise EventError(f"UploadEvent: {exc}") from exc
-
-    @classmethod
-    def from_json(cls, text: str) -> UploadEvent:
-        """Inverse of :meth:`to_json`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise EventError(f"UploadEvent: not JSON: {exc}") from exc
-        return cls.from_dict(data)

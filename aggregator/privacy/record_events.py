@@ -29,12 +29,11 @@ Conventions (binding for whoever fills an event)
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from aggregator.privacy.events import EventError
+from aggregator.privacy.events import EventError, JsonEvent
 
 #: Neighbouring relations between a device's local data sets.
 RELATIONS = ("add-remove", "replace-one")
@@ -55,7 +54,7 @@ def _check_real(name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True)
-class RecordEvent:
+class RecordEvent(JsonEvent):
     """``steps`` identical Poisson-subsampled Gaussian steps of one device in one round.
 
     Attributes
@@ -190,39 +189,3 @@ class RecordEvent:
     def noise_multiplier_without_channel(self) -> float:
         """``sigma * B / C``: the noise multiplier with no channel credit (trusted = 0)."""
         return self.sigma * self.expected_batch / self.example_clip
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain mapping with a ``type`` tag (JSON-ready)."""
-        out: dict[str, Any] = {"type": self.TYPE}
-        out.update(asdict(self))
-        return out
-
-    def to_json(self) -> str:
-        """One-line JSON (sorted keys, no spaces)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RecordEvent:
-        """Inverse of :meth:`to_dict`; refuses another type tag and unknown keys."""
-        if not isinstance(data, dict):
-            raise EventError(f"RecordEvent: expected a JSON object, got {type(data).__name__}")
-        kind = data.get("type")
-        if kind != cls.TYPE:
-            raise EventError(f"RecordEvent: type={kind!r}, expected {cls.TYPE!r}")
-        fields = {k: v for k, v in data.items() if k != "type"}
-        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise EventError(f"RecordEvent: unknown keys {unknown}")
-        try:
-            return cls(**fields)
-        except TypeError as exc:
-            raise EventError(f"RecordEvent: {exc}") from exc
-
-    @classmethod
-    def from_json(cls, text: str) -> RecordEvent:
-        """Inverse of :meth:`to_json`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise EventError(f"RecordEvent: not JSON: {exc}") from exc
-        return cls.from_dict(data)

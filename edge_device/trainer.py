@@ -76,7 +76,8 @@ class LocalTrainer:
             loss.backward()
             with torch.no_grad():
                 for p in model.parameters():
-                    p.add_(p.grad, alpha=-lr)
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-lr)
             losses.append(float(loss.detach()))
         w_local = get_flat(model)
         g = (np.asarray(w_global, dtype=np.float64) - w_local.astype(np.float64)) / lr

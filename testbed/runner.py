@@ -14,6 +14,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -271,18 +272,16 @@ class Experiment:
         upper bounds each fail with probability at most ``1 - confidence``).
         """
         up, cfg = self.uplinks[i], self.cfg
-        credited = state is not None and up.trusted > 0
-        channel = {
+        seen = state if up.trusted > 0 else None  # the state credited, if any
+        channel: dict[str, Any] = {
             "alpha": float(up.alpha or 0.0),
-            "gain": float(np.sqrt(state.credited_gain_power())) if credited else 0.0,  # type: ignore[union-attr]
-            "n0": state.noise_var_lower / 2.0 if credited else 0.0,  # type: ignore[union-attr]
-            "trusted_channel_noise": up.trusted if credited else 0.0,
+            "gain": float(np.sqrt(seen.credited_gain_power())) if seen else 0.0,
+            "n0": seen.noise_var_lower / 2.0 if seen else 0.0,
+            "trusted_channel_noise": up.trusted if seen else 0.0,
             "d": self.d,
             "l": up.l,
             "bound_failure_prob": (
-                min(1.0, 2.0 * (1.0 - state.confidence))
-                if credited and state.estimated  # type: ignore[union-attr]
-                else 0.0
+                min(1.0, 2.0 * (1.0 - seen.confidence)) if seen and seen.estimated else 0.0
             ),
         }
         if self.unit == "record":
@@ -367,7 +366,7 @@ class Experiment:
                 per_device.append({"device": i, "transmitted": False})
                 continue
             mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
-            local = timer.timed("train", lambda i=i, r=mb_rng: self._train(i, r))
+            local = timer.timed("train", partial(self._train, i, mb_rng))
             # A record-level round whose Poisson batches were all empty has no loss (nan).
             no_examples = self.unit == "record" and int(np.sum(local.batch_sizes)) == 0
             if not (
@@ -380,8 +379,12 @@ class Experiment:
             q_rng = experiment_generator(cfg.seed, Stream.QUANTIZER, i, t)
             upload = timer.timed(
                 "encode",
-                lambda g=local.differential, i=i, r=q_rng: self.encoders[i].encode(
-                    g, device=i, round_index=t, quant_rng=r
+                partial(
+                    self.encoders[i].encode,
+                    local.differential,
+                    device=i,
+                    round_index=t,
+                    quant_rng=q_rng,
                 ),
             )
             stop.check()  # a requested stop never lets another upload go on air

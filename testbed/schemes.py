@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from aggregator.privacy import epsilon_for
 from edge_device.compression import theta_qs
@@ -195,7 +196,7 @@ def resolve_uplinks(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[D
             sigma, alpha = calibrate_sigma(
                 cfg, d, i, l, levels, trusted, scale, spec.noise, alpha, p_units
             )
-        shape = {
+        shape: dict[str, Any] = {
             "d": d,
             "l": l,
             "levels": levels,

@@ -559,6 +559,7 @@ class Experiment:
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
             "lost_uploads": int(lost.sum()),
             "lost_uploads_per_device": lost.tolist(),
+            "loss_targets": loss_target_energy(metrics, self.cfg.loss_targets),
             "energy_comm_j_per_device": energy.tolist(),
             "energy_comp_j_per_device": energy_comp.tolist(),
             "privacy": {
@@ -571,6 +572,30 @@ class Experiment:
             },
             "wall_time_s": round(wall, 3),
         }
+
+
+def loss_target_energy(
+    metrics: list[dict[str, Any]], targets: list[float]
+) -> list[dict[str, Any]]:
+    """For each target training loss: the first round whose mean train loss is at or below
+    it, and the energy (J, computing plus radio, summed over devices) spent up to and
+    including that round; ``round`` and ``energy_j`` are ``None`` when never reached."""
+    out = []
+    for target in targets:
+        spent, hit = 0.0, None
+        for m in metrics:
+            spent += sum(
+                d.get("energy_comm_j", 0.0) + d.get("energy_comp_j", 0.0)
+                for d in m.get("devices", [])
+            )
+            loss = m.get("train_loss")
+            if isinstance(loss, float) and loss <= target:
+                hit = m["round"]
+                break
+        out.append(
+            {"target": target, "round": hit, "energy_j": None if hit is None else spent}
+        )
+    return out
 
 
 class PaperAccountingWarning(UserWarning):

@@ -188,3 +188,16 @@ def test_every_outcome_has_an_exit_code() -> None:
     assert codes["completed"] == 0
     assert all(code != 0 for s, code in codes.items() if s != "completed")
     assert len(set(codes.values())) == len(OUTCOMES)
+
+
+def test_loss_targets_report_the_first_round_and_the_energy_to_reach_them(
+    tmp_path: Path, tiny_overrides: list[str]
+) -> None:
+    cfg = load_experiment(None, [*tiny_overrides, "loss_targets=[100.0, 1.0e-9]"])
+    summary = run_experiment(cfg, tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = lines[0]
+    energy = sum(d["energy_comm_j"] + d["energy_comp_j"] for d in first["devices"])
+    reached, never = summary["loss_targets"]
+    assert reached == {"target": 100.0, "round": 0, "energy_j": pytest.approx(energy)}
+    assert never == {"target": 1e-9, "round": None, "energy_j": None}

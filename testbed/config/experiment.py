@@ -254,6 +254,14 @@ class ExperimentConfig(_Strict):
     torch_threads: int = Field(
         1, ge=1, le=256, description="intra-op threads for training (1 avoids oversubscription)"
     )
+    loss_targets: list[float] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "training losses whose first round and energy spent up to it (all devices, "
+            "computing + radio) the summary reports (003 Fig. 3)"
+        ),
+    )
     clip: ClipConfig = ClipConfig()
     compression: CompressionConfig = CompressionConfig()
     privacy: PrivacyConfig = PrivacyConfig()

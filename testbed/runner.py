@@ -40,7 +40,7 @@ from testbed.data.datasets import Dataset, load_dataset
 from testbed.data.partition import iid_partition, noniid_partition
 from testbed.faults import fault_point, log_air
 from testbed.interrupts import StopSignals
-from testbed.links import link_name, make_link
+from testbed.links import check_link_config, link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
 from testbed.outcome import exit_code, trust_statement
@@ -654,6 +654,7 @@ def run_experiment(
     fails or is stopped before anything went on air leaves no directory behind.
     """
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
+    check_link_config(cfg, hw, record=cfg.record)
     out_dir = Path(out_dir)
     rundir = RunDir.create(out_dir)
     try:

@@ -201,3 +201,11 @@ def test_loss_targets_report_the_first_round_and_the_energy_to_reach_them(
     reached, never = summary["loss_targets"]
     assert reached == {"target": 100.0, "round": 0, "energy_j": pytest.approx(energy)}
     assert never == {"target": 1e-9, "round": None, "energy_j": None}
+
+
+def test_record_on_a_link_without_iq_is_bad_input_before_any_work(
+    tmp_path: Path, tiny_overrides: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, summary, text = _cli_run(tmp_path, [*tiny_overrides, "record=true"], capsys)
+    assert code == 2 and summary is None and not (tmp_path / "run").exists()
+    assert "config key 'record'" in text and "waveform" in text

@@ -312,7 +312,9 @@ class RunDir:
         for f in self.inflight_path.glob("r*-d*.npz"):
             if int(f.stem[1:].split("-d")[0]) < round_index:
                 f.unlink()
-        fsync_dir(self.inflight_path)
+        if not any(self.inflight_path.iterdir()):
+            self.inflight_path.rmdir()  # nothing in flight: no folder
+        fsync_dir(self.path)
 
     def commit_round(
         self, round_index: int, weights: np.ndarray, extra: dict[str, Any], line: dict[str, Any]

@@ -33,7 +33,7 @@ from aggregator.privacy import (
     UploadEvent,
 )
 from aggregator.privacy.events import EventError
-from aggregator.privacy.ledger import EVENT_TYPES
+from aggregator.privacy.ledger import EVENT_TYPES, intents_path
 from aggregator.privacy.record_accountant import RECORD_ACCOUNTANTS, RecordAccountant
 from aggregator.privacy.record_events import RecordEvent
 from testbed.rundir import append_jsonl, atomic_write_bytes, read_jsonl
@@ -89,7 +89,7 @@ class PrivacyBook:
         if unit == "record":
             pinned |= {"unit": unit, "relation": relation}
         self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
-        self.intents_path = ledger_path.with_name(ledger_path.stem + ".intents.jsonl")
+        self.intents_path = intents_path(ledger_path)
         self._recover_intents()
         self.accountants: dict[str, Any] = {}
         for name in ACCOUNTINGS[unit]:

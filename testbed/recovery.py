@@ -115,7 +115,9 @@ def _rewrite_metrics(rundir: RunDir, metrics: list[dict[str, Any]]) -> None:
 
 
 def _has_intents(rundir: RunDir) -> bool:
-    path = rundir.ledger_path.with_name("ledger.intents.jsonl")
+    from aggregator.privacy.ledger import intents_path
+
+    path = intents_path(rundir.ledger_path)
     return path.exists() and path.stat().st_size > 0
 
 
@@ -155,13 +157,15 @@ def _check_ledger_covers_metrics(rundir: RunDir, last: int) -> None:
 
 def directory_is_pristine(path: Path) -> bool:
     """Whether nothing privacy-relevant was written (no ledger event, no journalled intent)."""
-    ledger = path / "ledger.jsonl"
-    intents = path / "ledger.intents.jsonl"
-    if intents.exists() and intents.stat().st_size > 0:
+    from aggregator.privacy.ledger import HEADER_TYPE
+
+    rundir = RunDir(path)
+    if _has_intents(rundir):
         return False
+    ledger = rundir.ledger_path
     if not ledger.exists():
         return True
     return all(
-        not line.strip() or b'"ledger-header/v1"' in line
+        not line.strip() or f'"{HEADER_TYPE}"'.encode() in line
         for line in ledger.read_bytes().splitlines()
     )

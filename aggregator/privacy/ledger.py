@@ -48,6 +48,11 @@ class LedgerEvent(Protocol):
 EVENT_TYPES: dict[str, Any] = {UploadEvent.TYPE: UploadEvent, RecordEvent.TYPE: RecordEvent}
 
 
+def intents_path(ledger_path: Path) -> Path:
+    """The write-ahead journal next to a ledger: ``<ledger stem>.intents.jsonl``."""
+    return ledger_path.with_name(ledger_path.stem + ".intents.jsonl")
+
+
 def register_event_type(cls: Any) -> Any:
     """Let the ledger read events of ``cls`` (its ``TYPE`` tag must be new). Returns ``cls``."""
     known = EVENT_TYPES.get(cls.TYPE)

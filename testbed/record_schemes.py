@@ -132,6 +132,8 @@ def resolve_record_uplinks(
         When a device holds fewer samples than the expected batch, or a configured alpha
         exceeds the power limit.
     """
+    if cfg.plan is not None:
+        return _record_uplinks_from_plan(cfg, hw, d, dataset_sizes)
     pc = cfg.privacy
     spec = SCHEMES[cfg.scheme]
     l = kept_coordinates(cfg, d)
@@ -199,6 +201,60 @@ def resolve_record_uplinks(
             target_noise_multiplier=z,
             relation=pc.relation,
             credit_channel=credit,
+        )
+        out.append((uplink, settings))
+    return out
+
+
+def _record_uplinks_from_plan(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+) -> list[tuple[DeviceUplink, RecordSettings]]:
+    """Per-device settings of a record-level plan (``testbed plan`` with the record unit).
+
+    The plan fixes ``l``, ``Q``, ``alpha_i`` and ``sigma_i``; the config must agree with what
+    it assumed (:func:`testbed.schemes.load_checked_plan`), including each device's data set
+    size (hence its sampling rate). The budget guard still accounts every upload with the
+    realized channel.
+    """
+    from testbed.schemes import load_checked_plan
+
+    plan = load_checked_plan(cfg, d)
+    rec = plan.record
+    if rec is None:
+        raise ConfigError(
+            f"config key 'plan': '{cfg.plan}' is a device-level plan; set privacy.unit=device "
+            "or make a record-level plan"
+        )
+    if list(dataset_sizes) != list(rec.dataset_sizes):
+        raise ConfigError(
+            f"config key 'plan': '{cfg.plan}' was made for data set sizes {rec.dataset_sizes}, "
+            f"this config gives {list(dataset_sizes)} (data, partition, seed or train_samples "
+            "differ); re-plan with this config"
+        )
+    spec = SCHEMES[cfg.scheme]
+    credit = spec.credit_channel and plan.Q is None and plan.trusted > 0
+    trusted = plan.trusted if credit else 0.0
+    norm = record_norm_bound(rec.example_clip, rec.expected_batch)
+    p_units = cfg.power.p_max_w / hw.tx_power_ref_w
+    out = []
+    for dev, size, z in zip(plan.devices, dataset_sizes, rec.noise_floor_z, strict=True):
+        power = expected_power_bound(
+            d=d, l=plan.l, levels=plan.Q, alpha=dev.alpha, mechanism="before", clip=norm,
+            sigma=dev.sigma,
+        )
+        if power > p_units * (1 + 1e-6):
+            raise ConfigError(
+                f"plan '{cfg.plan}': device {dev.id}'s alpha={dev.alpha} gives an expected "
+                f"power of {power * hw.tx_power_ref_w:.4g} W above power.p_max_w="
+                f"{cfg.power.p_max_w} W"
+            )
+        uplink = DeviceUplink("before", dev.sigma, dev.alpha, plan.l, plan.Q, trusted, "norm",
+                              power)
+        settings = RecordSettings(
+            noise="upload", steps=1, sampling_rate=cfg.batch_size / size,
+            amplified=cfg.privacy.secure_sampling, example_clip=rec.example_clip,
+            expected_batch=rec.expected_batch, dataset_size=int(size), step_noise_multiplier=0.0,
+            target_noise_multiplier=float(z), relation=rec.relation, credit_channel=credit,
         )
         out.append((uplink, settings))
     return out

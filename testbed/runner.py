@@ -26,7 +26,9 @@ from aggregator.decoder import decode_differential, project_coordinates
 from aggregator.evaluate import evaluate
 from aggregator.privacy import LedgerError, RecordEvent, UploadEvent
 from aggregator.privacy_book import PrivacyBook
+from aggregator.solver.calibration import smoothed_losses, uploads_to_target
 from edge_device.dp_trainer import RecordTrainer
+from edge_device.energy_meter import Measurement, make_meter
 from edge_device.trainer import LocalTrainer
 from edge_device.uplink import UplinkEncoder, UplinkSettings
 from radio.analog import n_symbols_for
@@ -142,6 +144,8 @@ class Experiment:
         self.progress = progress
         self.on_round = on_round
         torch.set_num_threads(cfg.torch_threads)
+        # energy.source: measured on a host without a power meter is refused here (exit 2)
+        self.energy_meter = make_meter(cfg.energy.source, cfg.energy.e_comp_j)
         self.data, self.parts = prepare_data(cfg)
         input_shape = tuple(int(s) for s in self.data.x_train.shape[1:])
         init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
@@ -213,6 +217,15 @@ class Experiment:
         status, reason = "completed", ""
         record_dir = self.rundir.recordings_path if cfg.record else None
         bar = _progress_bar(cfg.rounds, start_round, enabled=self.progress)
+        # stop_at_loss: the training losses committed so far (a resumed run that had already
+        # reached the target completes without running another round).
+        losses: list[float] = []
+        if cfg.stop_at_loss is not None and start_round > 0:
+            losses = [m.get("train_loss", float("nan")) for m in self.rundir.metrics()]
+            hit = uploads_to_target(losses, cfg.stop_at_loss, cfg.loss_target_window)
+            if hit is not None:
+                reason = self._target_reason(hit - 1)
+                start_round = cfg.rounds
         try:
             with StopSignals() as stop, make_link(
                 cfg, self.hw, record_dir, log_dir=self.rundir.path
@@ -234,6 +247,13 @@ class Experiment:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(self._progress_fields(line))
+                    if cfg.stop_at_loss is not None:
+                        # After the commit: the round that reached the target is kept.
+                        losses.append(line["train_loss"])
+                        window = cfg.loss_target_window
+                        if smoothed_losses(losses[-window:], window)[-1] <= cfg.stop_at_loss:
+                            reason = self._target_reason(t)
+                            break
         except KeyboardInterrupt:
             status, reason = "interrupted", "stopped by a signal (SIGINT/SIGTERM)"
         except LinkFailed as exc:
@@ -252,6 +272,14 @@ class Experiment:
             self.rundir.write_summary(summary)
             self.rundir.close()
         return summary
+
+    def _target_reason(self, t: int) -> str:
+        """The summary's reason of a run ended by ``stop_at_loss`` at round ``t``."""
+        cfg = self.cfg
+        return (
+            f"target loss reached at round {t}: training loss averaged over "
+            f"{cfg.loss_target_window} rounds <= stop_at_loss {cfg.stop_at_loss:g}"
+        )
 
     def _progress_fields(self, line: dict[str, Any]) -> dict[str, str]:
         fields = {"loss": f"{line['train_loss']:.3f}"}
@@ -366,7 +394,8 @@ class Experiment:
                 per_device.append({"device": i, "transmitted": False})
                 continue
             mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
-            local = timer.timed("train", partial(self._train, i, mb_rng))
+            with self.energy_meter.measure() as comp:
+                local = timer.timed("train", partial(self._train, i, mb_rng))
             # A record-level round whose Poisson batches were all empty has no loss (nan).
             no_examples = self.unit == "record" and int(np.sum(local.batch_sizes)) == 0
             if not (
@@ -389,7 +418,7 @@ class Experiment:
             )
             stop.check()  # a requested stop never lets another upload go on air
             with stop.critical():
-                info, g_hat = self._transmit(t, i, event, upload, link, ch_rngs[i], timer)
+                info, g_hat = self._transmit(t, i, event, upload, link, ch_rngs[i], timer, comp)
                 info["train_loss"] = local.mean_loss
                 self.rundir.save_inflight(t, i, g_hat, info)
                 fault_point("after_inflight")
@@ -446,6 +475,7 @@ class Experiment:
         link: Link,
         rng: np.random.Generator,
         timer: StageTimer,
+        comp: Measurement,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         """Journal, transmit, record and decode device ``i``'s upload of round ``t``.
 
@@ -469,7 +499,7 @@ class Experiment:
                 raise
             return {"device": i, "transmitted": True, "lost": True, "error": str(exc)}, None
         fault_point("after_transmit")
-        info = reception_metrics(reception, upload.symbols)
+        info: dict[str, Any] = dict(reception_metrics(reception, upload.symbols))
         info["device"] = i
         info["transmitted"] = True
         if self.book is not None:
@@ -490,7 +520,8 @@ class Experiment:
         info["energy_comm_j"] = (
             upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
         )
-        info["energy_comp_j"] = self.cfg.energy.e_comp_j
+        info["energy_comp_j"] = comp.energy_j  # J, this device's local training
+        info["energy_comp_source"] = comp.source
         info["alpha"] = upload.header.alpha
         info["sigma"] = self.uplinks[i].sigma
         return info, g_hat
@@ -559,9 +590,12 @@ class Experiment:
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
             "lost_uploads": int(lost.sum()),
             "lost_uploads_per_device": lost.tolist(),
-            "loss_targets": loss_target_energy(metrics, self.cfg.loss_targets),
+            "loss_targets": loss_target_energy(
+                metrics, self.cfg.loss_targets, self.cfg.loss_target_window
+            ),
             "energy_comm_j_per_device": energy.tolist(),
             "energy_comp_j_per_device": energy_comp.tolist(),
+            "energy_comp_source": self.energy_meter.source,
             "privacy": {
                 "unit": self.unit,
                 "epsilon_target": self.cfg.privacy.epsilon if self.book is not None else None,
@@ -575,26 +609,27 @@ class Experiment:
 
 
 def loss_target_energy(
-    metrics: list[dict[str, Any]], targets: list[float]
+    metrics: list[dict[str, Any]], targets: list[float], window: int = 1
 ) -> list[dict[str, Any]]:
-    """For each target training loss: the first round whose mean train loss is at or below
-    it, and the energy (J, computing plus radio, summed over devices) spent up to and
+    """For each target training loss: the first round whose training loss, averaged over the
+    last ``window`` rounds (:func:`~aggregator.solver.calibration.uploads_to_target`), is at or
+    below it, and the energy (J, computing plus radio, summed over devices) spent up to and
     including that round; ``round`` and ``energy_j`` are ``None`` when never reached."""
+    losses = [m.get("train_loss", float("nan")) for m in metrics]
+    energy = np.cumsum([
+        sum(d.get("energy_comm_j", 0.0) + d.get("energy_comp_j", 0.0)
+            for d in m.get("devices", []))
+        for m in metrics
+    ])
     out = []
     for target in targets:
-        spent, hit = 0.0, None
-        for m in metrics:
-            spent += sum(
-                d.get("energy_comm_j", 0.0) + d.get("energy_comp_j", 0.0)
-                for d in m.get("devices", [])
-            )
-            loss = m.get("train_loss")
-            if isinstance(loss, float) and loss <= target:
-                hit = m["round"]
-                break
-        out.append(
-            {"target": target, "round": hit, "energy_j": None if hit is None else spent}
-        )
+        k = uploads_to_target(losses, target, window)
+        out.append({
+            "target": target,
+            "window": window,
+            "round": None if k is None else metrics[k - 1]["round"],
+            "energy_j": None if k is None else float(energy[k - 1]),
+        })
     return out
 
 

@@ -283,6 +283,56 @@ def calibrate_sigma(
     return hi, (alpha if alpha is not None else eps_at(hi)[1])
 
 
+def load_checked_plan(cfg: ExperimentConfig, d: int) -> Any:
+    """The config's plan file, refused unless the config agrees with what the plan assumed.
+
+    Checked: privacy unit and the enforced accounting (a plan made under another accounting
+    would be refused by the budget guard), scheme, devices, rounds, H, d, epsilon, delta,
+    the trusted fraction where credited, and per unit the clip bound (device) or the
+    example clip, batch size, relation and secret sampling (record).
+    """
+    from aggregator.solver.plan_file import load_plan
+
+    if cfg.plan is None:
+        raise ValueError("load_checked_plan needs a config with a plan")
+    plan = load_plan(cfg.plan)
+    pc = cfg.privacy
+    acc_key = "privacy.accountant" if plan.unit == "record" else "privacy.accounting"
+    checks: list[tuple[str, Any, Any]] = [
+        ("privacy.unit", pc.unit, plan.unit),
+        (acc_key, pc.enforced, plan.accounting),
+        ("scheme", cfg.scheme, plan.scheme),
+        ("devices", cfg.devices, plan.n_devices),
+        ("rounds", cfg.rounds, plan.K),
+        ("local_steps", cfg.local_steps, plan.H),
+        ("privacy.epsilon", pc.epsilon, plan.epsilon_target),
+        ("privacy.delta", pc.delta, plan.delta),
+        ("model size d", d, plan.d),
+    ]
+    if plan.record is None:
+        checks.append(("clip.bound", cfg.clip.bound, plan.clip_bound))
+    else:
+        rec = plan.record
+        checks += [
+            ("privacy.example_clip", pc.example_clip, rec.example_clip),
+            ("batch_size", float(cfg.batch_size), rec.expected_batch),
+            ("privacy.relation", pc.relation, rec.relation),
+            ("privacy.secure_sampling", pc.secure_sampling, rec.amplified),
+        ]
+    if SCHEMES[cfg.scheme].credit_channel and plan.trusted > 0:
+        checks.append(("privacy.trusted_channel_noise", pc.trusted_channel_noise, plan.trusted))
+    for key, have, want in checks:
+        if have != want and not (
+            isinstance(have, float) and isinstance(want, float) and math.isclose(have, want)
+        ):
+            raise ConfigError(
+                f"config key '{key}': got {have!r} but plan '{cfg.plan}' was made for "
+                f"{want!r}; set --set {key}={want} (or run with `testbed run CONFIG --plan "
+                f"{cfg.plan}`, which takes scheme and rounds from the plan) or re-plan"
+            )
+    return plan
+
+
 def uplinks_from_plan(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[DeviceUplink]:
     """Per-device settings from a ``testbed plan`` file (``plan:`` key).
 
@@ -290,34 +340,8 @@ def uplinks_from_plan(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list
     else the plan assumed (scheme, devices, rounds, H, d, Z, epsilon, delta, trusted
     fraction), and each device's power is re-checked here against ``power.p_max_w``.
     """
-    from aggregator.solver.plan_file import load_plan
-
-    if cfg.plan is None:
-        raise ValueError("uplinks_from_plan needs a config with a plan")
-    plan = load_plan(cfg.plan)
+    plan = load_checked_plan(cfg, d)
     spec = SCHEMES[cfg.scheme]
-    checks = [
-        ("scheme", cfg.scheme, plan.scheme),
-        ("devices", cfg.devices, plan.n_devices),
-        ("rounds", cfg.rounds, plan.K),
-        ("local_steps", cfg.local_steps, plan.H),
-        ("clip.bound", cfg.clip.bound, plan.clip_bound),
-        ("privacy.epsilon", cfg.privacy.epsilon, plan.epsilon_target),
-        ("privacy.delta", cfg.privacy.delta, plan.delta),
-        ("model size d", d, plan.d),
-    ]
-    if spec.credit_channel:
-        checks.append(
-            ("privacy.trusted_channel_noise", cfg.privacy.trusted_channel_noise, plan.trusted)
-        )
-    for key, have, want in checks:
-        if have != want and not (
-            isinstance(have, float) and isinstance(want, float) and math.isclose(have, want)
-        ):
-            raise ConfigError(
-                f"config key '{key}': got {have!r} but plan '{cfg.plan}' was made for "
-                f"{want!r}; set --set {key}={want} or re-plan"
-            )
     trusted = plan.trusted if spec.credit_channel else 0.0
     p_units = cfg.power.p_max_w / hw.tx_power_ref_w
     out = []

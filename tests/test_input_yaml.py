@@ -178,7 +178,7 @@ def test_binary_scenario_calibration_and_plan_files(tmp_path: Path) -> None:
     blob.write_bytes(b"\xff\xfe" * 64)
     for read, what in [
         (read_scenario_file, "scenario file"),
-        (read_calibration_betas, "calibration file"),
+        (lambda p: read_calibration_betas(p, model="paper-25"), "calibration file"),
         (load_plan, "plan file"),
         (lambda p: load_hardware(str(p)), "hardware config file"),
     ]:

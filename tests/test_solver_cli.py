@@ -13,7 +13,9 @@ from testbed.cli.main import main
 from testbed.config.loader import ConfigError
 
 LOGREG_D = 28 * 28 * 10 + 10
-DP_CLIP = ["clip.mode=coordinate", "clip.bound=5", "privacy.unit=device"]
+DP_CLIP = [
+    "clip.mode=coordinate", "clip.bound=5", "privacy.unit=device", "privacy.accounting=paper"
+]
 
 
 def write_scenario(path: Path, **kw: object) -> Path:
@@ -97,7 +99,8 @@ def test_bad_scenario_key_is_a_config_error(
 ) -> None:
     scn = tmp_path / "scn.yaml"
     scn.write_text(yaml.safe_dump({"solver": {"beta3": 1.0}}))
-    assert main(["plan", "--set", "privacy.unit=device", "--scenario", str(scn)]) == 2
+    assert main(["plan", "--set", "privacy.unit=device", "--set", "privacy.accounting=paper",
+                 "--scenario", str(scn)]) == 2
     assert "beta3" in capsys.readouterr().err
 
 

@@ -51,3 +51,37 @@ def thetas_from_integers(d: int, l: int, q: int | None) -> tuple[float, float]:
     theta_s = l / d
     theta_q = math.sqrt(d) / q if q is not None else 0.0
     return theta_q, theta_s
+
+
+#: Name of the convergence model used for record-level plans (stored in calibration files).
+DECODED_NOISE_MODEL = "decoded-noise/v1"
+
+
+def decoded_noise_energy(
+    family: str, theta_q: float, theta_s: float, d: int, sigma2: float, chan: float
+) -> float:
+    """Noise energy ``E||ghat - C(g)||^2`` bound of one decoded upload (value units squared).
+
+    ``theta_qs d sigma^2`` (Lemma 3 applied to the artificial noise ``eta ~ N(0, sigma^2 I_d)``
+    added before compression) plus ``l chan`` (the channel noise ``n0 / (h alpha)^2`` per
+    coordinate after inversion, on the ``l = theta_s d`` values sent). This is the noise term
+    of the convergence model ``K >= beta1 theta_qs + beta2 mean_i noise_i`` used for
+    record-level plans (``DECODED_NOISE_MODEL``); the paper's (25) writes
+    ``kappa (theta_qs sigma^2 + chan)``, which for sparsification alone undercounts the
+    artificial noise by the factor ``d / l`` (docs/solver.md section 12).
+
+    Parameters
+    ----------
+    family
+        ``"qs"``, ``"s"`` or ``"none"``.
+    theta_q, theta_s
+        Compression parameters (``theta_q`` unused outside ``"qs"``).
+    d
+        Model size.
+    sigma2
+        Artificial noise variance per coordinate (value units squared).
+    chan
+        Channel noise variance per coordinate after inversion, ``n0 / (h alpha)^2``.
+    """
+    tqs = theta_qs(family, theta_q, theta_s)
+    return tqs * d * sigma2 + theta_s * d * chan

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from aggregator.solver.record_problem import RecordTerms
 from aggregator.solver.scenario import Scenario, ScenarioError
 from radio.units import noise_var_from_snr_db
 from testbed.config.experiment import ExperimentConfig
@@ -146,7 +147,7 @@ def scenario_from_config(
     if sf.beta1 is not None and sf.beta2 is not None:
         betas = (sf.beta1, sf.beta2)
     elif sf.calibration is not None:
-        betas = read_calibration_betas(sf.calibration)
+        betas = read_calibration_betas(sf.calibration, model="paper-25")
         notes.append(f"beta1, beta2 from calibration file {sf.calibration}")
     else:
         betas = DEFAULT_BETAS
@@ -185,12 +186,24 @@ def _per_device(value: Any, n: int, name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in vals)
 
 
-def read_calibration_betas(path: str | Path) -> tuple[float, float]:
-    """``(beta1, beta2)`` from a ``testbed calibrate --out`` file."""
+def read_calibration_betas(path: str | Path, *, model: str) -> tuple[float, float]:
+    """``(beta1, beta2)`` from a ``testbed calibrate --out`` file fitted for ``model``.
+
+    ``model`` is the convergence model the plan uses (``"paper-25"`` for device-level plans,
+    ``DECODED_NOISE_MODEL`` for record-level ones); a file without a ``model`` key is a
+    device-level (``paper-25``) calibration.
+    """
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"scenario key 'calibration': file '{p}' does not exist")
     data = read_yaml_mapping(p, "calibration file")
+    have = data.get("model", "paper-25")
+    if have != model:
+        raise ConfigError(
+            f"calibration file '{p}' key 'model': got {short_repr(have)}; this plan needs a "
+            f"calibration of the {model!r} convergence model (run `testbed calibrate` with the "
+            "same privacy.unit as the plan)"
+        )
     b1, b2 = data.get("beta1"), data.get("beta2")
     if any(isinstance(b, bool) or not isinstance(b, int | float) for b in (b1, b2)):
         raise ConfigError(
@@ -204,3 +217,94 @@ def read_calibration_betas(path: str | Path) -> tuple[float, float]:
             f"calibration file '{p}': need finite beta1 >= 0 and beta2 > 0, got {b1}, {b2}"
         )
     return b1, b2
+
+
+def record_scenario_from_config(
+    cfg: ExperimentConfig,
+    hw: HardwareConfig,
+    sf: ScenarioFile,
+    *,
+    d: int,
+    dataset_sizes: list[int],
+) -> tuple[Scenario, RecordTerms, list[str]]:
+    """Scenario and record terms of a record-level FedSGD experiment (``privacy.unit: record``).
+
+    The privacy target, delta, accountant, relation and sampling come from the config
+    exactly as the run will use them; ``clip_bound`` is the power norm bound
+    ``C sqrt(1 + 1/B)``. beta1, beta2 must be given (scenario file or a calibration of the
+    ``decoded-noise/v1`` model): there are no defaults for the record unit.
+
+    Raises
+    ------
+    ConfigError
+        For a config the record-level planner does not cover, or missing constants.
+    """
+    from aggregator.solver.compression_terms import DECODED_NOISE_MODEL
+
+    pc = cfg.privacy
+    if pc.noise != "upload" or cfg.local_steps != 1:
+        raise ConfigError(
+            f"config keys 'privacy.noise'/'local_steps': got {pc.noise!r}/{cfg.local_steps}; "
+            "record-level plans are for FedSGD with one noisy upload per round "
+            "(privacy.noise=upload, local_steps=1), where the channel noise adds to the "
+            "privacy noise (docs/privacy.md 10.2)"
+        )
+    if pc.noise_multiplier is not None:
+        raise ConfigError(
+            f"config key 'privacy.noise_multiplier': got {pc.noise_multiplier}; a plan sets the "
+            "noise itself from the epsilon target; use null"
+        )
+    if sf.beta1 is not None and sf.beta2 is not None:
+        betas = (sf.beta1, sf.beta2)
+        notes = ["beta1, beta2 from the scenario file"]
+    elif sf.calibration is not None:
+        betas = read_calibration_betas(sf.calibration, model=DECODED_NOISE_MODEL)
+        notes = [f"beta1, beta2 from calibration file {sf.calibration}"]
+    else:
+        raise ConfigError(
+            "scenario keys 'beta1'/'beta2' or 'calibration': record-level plans need the "
+            "convergence constants fitted for this model and data; run `testbed calibrate "
+            "CONFIG --out cal.yaml` and pass `solver: {calibration: cal.yaml}`"
+        )
+    n = cfg.devices
+    if len(dataset_sizes) != n:
+        raise ConfigError(f"dataset sizes: expected {n}, got {len(dataset_sizes)}")
+    for i, size in enumerate(dataset_sizes):
+        if size < cfg.batch_size:
+            raise ConfigError(
+                f"config key 'batch_size': got {cfg.batch_size}; device {i} holds only {size} "
+                "samples (the Poisson rate batch_size / samples must be <= 1)"
+            )
+    terms = RecordTerms(
+        sampling_rates=tuple(cfg.batch_size / size for size in dataset_sizes),
+        amplified=pc.secure_sampling, example_clip=pc.example_clip,
+        expected_batch=float(cfg.batch_size), accountant=pc.accountant, relation=pc.relation,
+    )
+    h = sf.h if sf.h is not None else 1.0
+    if sf.h is None:
+        notes.append("h_i = 1 for every device (mean gain at the configured snr_db)")
+    n0: Any = sf.n0 if sf.n0 is not None else [
+        noise_var_from_snr_db(s) / 2.0 for s in cfg.snr_db_per_device()
+    ]
+    try:
+        scn = Scenario(
+            h=_per_device(h, n, "h"), n0=_per_device(n0, n, "n0"),
+            p_max_w=_per_device(sf.p_max_w if sf.p_max_w is not None else cfg.power.p_max_w,
+                                n, "p_max_w"),
+            e_comp_j=_per_device(
+                sf.e_comp_j if sf.e_comp_j is not None else cfg.energy.e_comp_j, n, "e_comp_j"
+            ),
+            d=d, local_steps=1, clip_bound=terms.norm_bound, epsilon=pc.epsilon,
+            delta=pc.delta, beta1=betas[0], beta2=betas[1], t_cm_s=1.0 / hw.symbol_rate_hz,
+            tx_power_ref_w=hw.tx_power_ref_w, trusted=pc.trusted_channel_noise,
+            q_min=sf.q_min, q_max=sf.q_max, l_min=sf.l_min,
+            k_max=min(sf.k_max, 100_000),
+        )
+    except ScenarioError as exc:
+        raise ConfigError(f"scenario: {exc}") from None
+    if cfg.fading != "none":
+        notes.append(
+            f"fading '{cfg.fading}': the plan assumes the fixed gains h_i; the run's budget "
+            "guard accounts each round's realized gain and may stop a device early"
+        )
+    return scn, terms, notes

@@ -2,7 +2,10 @@
 
 Schema (YAML mapping, ``format: dpfl-plan/1``; unknown keys are refused)::
 
-    format: dpfl-plan/1
+    format: dpfl-plan/2       # dpfl-plan/1 (device unit only) is still read
+    unit: device              # device | record (privacy unit the plan was made for)
+    accounting: paper         # the accounting the plan's constraint uses: paper | strict
+                              #   (device unit), pld | rdp (record unit, dp-accounting)
     scheme: ee-dp-fl          # ee-dp-fl | s-dp-fl | ldp-fedavg | channel-dp
     family: qs                # qs: sparsify+quantize, s: sparsify only, none: uncompressed
     T: 1700                   # total local iterations, T = K * H
@@ -38,8 +41,23 @@ Schema (YAML mapping, ``format: dpfl-plan/1``; unknown keys are refused)::
         epsilon_paper: 1.79   # 003 Theorem 1 corrected, after K uploads
         epsilon_strict: 40.2  # strict accounting, null when the accountant is unavailable
         regime: channel       # channel | artificial | power-capped
+        epsilon: 1.79         # in the plan's accounting (record: dp-accounting, as the run)
+        epsilon_no_channel: null  # record: with no channel credit (better eavesdropper)
+        epsilon_device_level: null  # record: the same run for a device's whole data
+        noise_multiplier: null    # record: z_eff = sqrt(sigma^2 + credited channel) B / C
     solver: {iterations: 3, converged: true, alternation_energies: [...], seconds: 0.4,
              continuous_energy_j: 1.68}
+    record:                   # record unit only (null for device plans)
+      accountant: pld         # as privacy.accountant of the run
+      relation: add-remove
+      amplified: true         # secret Poisson sampling (privacy.secure_sampling)
+      example_clip: 1.0       # C
+      expected_batch: 1024    # B
+      dataset_sizes: [6000, ...]
+      sampling_rates: [0.1707, ...]   # q_i = B / D_i
+      noise_floor_z: [2.13, ...]      # z_min(q_i, K) the target needs (with the margin)
+      margin: 0.995           # calibrated to margin * epsilon_target
+      convergence_model: decoded-noise/v1
 
 Units: ``alpha`` multiplies the compressed vector before it is packed two reals per complex
 symbol; ``power_w = tx_power_ref_w * mean |x|^2``. See docs/solver.md.
@@ -56,7 +74,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from testbed.config.loader import ConfigError, validate
 from testbed.config.safe_yaml import read_yaml_mapping, short_repr
 
-PLAN_FORMAT = "dpfl-plan/1"
+PLAN_FORMAT = "dpfl-plan/2"
+#: Formats :func:`load_plan` reads (``/1``: device-level plans before the record unit).
+READABLE_FORMATS = ("dpfl-plan/1", "dpfl-plan/2")
 
 
 class _Strict(BaseModel):
@@ -76,9 +96,28 @@ class DevicePlan(_Strict):
     p_max_w: float = Field(gt=0)
     e_comm_j: float = Field(ge=0)
     e_comp_j: float = Field(ge=0)
-    epsilon_paper: float = Field(ge=0)
+    epsilon_paper: float | None = Field(None, ge=0)
     epsilon_strict: float | None = Field(None, ge=0)
     regime: Literal["channel", "artificial", "power-capped"]
+    epsilon: float | None = Field(None, ge=0)
+    epsilon_no_channel: float | None = Field(None, ge=0)
+    epsilon_device_level: float | None = Field(None, ge=0)
+    noise_multiplier: float | None = Field(None, ge=0)
+
+
+class RecordPlanInfo(_Strict):
+    """What a record-level plan assumed about sampling and accounting (``unit: record``)."""
+
+    accountant: Literal["pld", "rdp"]
+    relation: Literal["add-remove", "replace-one"]
+    amplified: bool
+    example_clip: float = Field(gt=0)
+    expected_batch: float = Field(gt=0)
+    dataset_sizes: list[int] = Field(min_length=1)
+    sampling_rates: list[float] = Field(min_length=1)
+    noise_floor_z: list[float] = Field(min_length=1)
+    margin: float = Field(gt=0, le=1)
+    convergence_model: str
 
 
 class SolverInfo(_Strict):
@@ -94,7 +133,9 @@ class SolverInfo(_Strict):
 class Plan(_Strict):
     """A validated plan (see the module docstring for every field)."""
 
-    format: Literal["dpfl-plan/1"] = "dpfl-plan/1"
+    format: Literal["dpfl-plan/1", "dpfl-plan/2"] = "dpfl-plan/2"
+    unit: Literal["device", "record"] = "device"
+    accounting: str = "paper"
     scheme: Literal["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp"]
     family: Literal["qs", "s", "none"]
     T: int = Field(ge=1)
@@ -119,6 +160,7 @@ class Plan(_Strict):
     notes: list[str] = Field(default_factory=list)
     devices: list[DevicePlan] = Field(min_length=1)
     solver: SolverInfo
+    record: RecordPlanInfo | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
@@ -131,6 +173,9 @@ class Plan(_Strict):
                              f"{'needs' if self.family == 'qs' else 'takes no'} Q")
         if self.family == "none" and self.l != self.d:
             raise ValueError(f"l: got {self.l}; family 'none' sends all d = {self.d}")
+        if (self.record is None) != (self.unit == "device"):
+            raise ValueError(f"record: unit {self.unit!r} "
+                             f"{'needs' if self.unit == 'record' else 'takes no'} a record mapping")
         ids = [dev.id for dev in self.devices]
         if ids != list(range(len(ids))):
             raise ValueError(f"devices: ids must be 0..N-1 in order, got {ids}")
@@ -159,9 +204,10 @@ def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; :class:`ConfigError` names the offending key."""
     p = Path(path)
     data = read_yaml_mapping(p, "plan file")
-    if data.get("format") != PLAN_FORMAT:
+    if data.get("format") not in READABLE_FORMATS:
         raise ConfigError(
             f"plan file '{p}' key 'format': got {short_repr(data.get('format'))}; allowed: "
-            f"{PLAN_FORMAT!r} (is it a file written by `testbed plan --out`?)"
+            f"{' or '.join(map(repr, READABLE_FORMATS))} (is it a file written by "
+            "`testbed plan --out`?)"
         )
     return validate(Plan, data, "plan")

@@ -116,7 +116,7 @@ def plan_scheme(
         if solved is None:
             raise diagnose(scenario, scheme, lambda s: is_feasible(s, scheme))
         plan = build_plan(scenario, scheme, solved, epsilon_for)
-        worst = max(dev.epsilon_paper for dev in plan.devices)
+        worst = max(dev.epsilon_paper or 0.0 for dev in plan.devices)
         if worst <= scenario.epsilon:
             return plan
         # The accountant's paper epsilon is above target: tighten and solve again.
@@ -188,7 +188,7 @@ def build_plan(
             power_w=float(checks["power_w"][i]), p_max_w=s.p_max_w[i],
             e_comm_j=float(checks["e_comm_j"][i]), e_comp_j=s.e_comp_j[i],
             epsilon_paper=float(eps_paper[i]), epsilon_strict=eps_strict[i],
-            regime=regimes[i],
+            regime=regimes[i], epsilon=float(eps_paper[i]),
         ))
         for i in range(s.n_devices)
     ]

@@ -62,32 +62,43 @@ def count_params(cfg: ExperimentConfig) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.baselines import PEER_SCHEMES, plan_all
     from aggregator.solver.from_config import read_scenario_file, scenario_from_config
-    from aggregator.solver.infeasible import InfeasibleError
     from aggregator.solver.plan_file import save_plan
 
     cfg = load_experiment(args.config, args.overrides)
-    if cfg.privacy.unit != "device":
+    if cfg.scheme not in ("ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp", "fedavg"):
         raise ConfigError(
-            f"config key 'privacy.unit': got {cfg.privacy.unit!r}; the EE-DP-FL solver plans "
-            "device-level privacy only so far (a device's whole update clipped to Z); add "
-            "--set privacy.unit=device"
+            f"config key 'scheme': got {cfg.scheme!r}; `testbed plan` plans ee-dp-fl and its "
+            "peers (the config's scheme is not used; choose with --scheme)"
+        )
+    if cfg.privacy.unit == "device" and cfg.privacy.accounting != "paper":
+        raise ConfigError(
+            f"config key 'privacy.accounting': got {cfg.privacy.accounting!r}; device-level "
+            "plans are made under the paper accounting (003 Theorem 1 corrected, which is not "
+            "a DP bound: docs/privacy.md 3.3), and a run enforcing 'strict' would refuse them "
+            "(a quantizer forfeits the channel credit, so sigma = 0 gives epsilon = inf). Use "
+            "the record unit (default), or choose the paper accounting explicitly with "
+            "--set privacy.accounting=paper"
         )
     hw = load_hardware(cfg.hw_config, args.hw_overrides)
     sf = read_scenario_file(args.scenario)
     if args.out is not None:
         check_output_file(args.out, "--out")
-    scenario, notes = scenario_from_config(cfg, hw, sf, count_params=count_params)
     schemes = (args.scheme,) if args.no_peers else (
         args.scheme, *[s for s in ("ee-dp-fl", *PEER_SCHEMES) if s != args.scheme]
     )
-    results = plan_all(scenario, schemes)
+    if cfg.privacy.unit == "record":
+        scenario, results, notes = _plan_record(cfg, hw, sf, schemes, quiet=args.json)
+    else:
+        scenario, notes = scenario_from_config(cfg, hw, sf, count_params=count_params)
+        results = plan_all(scenario, schemes)
     main_res = results[args.scheme]
-    if args.out is not None and not isinstance(main_res, InfeasibleError):
+    failed = isinstance(main_res, Exception)
+    if args.out is not None and not failed:
         save_plan(main_res, args.out)
     if args.json:
         out = {"scheme": args.scheme, "scenario_notes": notes, **_summary(main_res)}
         out["peers"] = {k: _summary(v) for k, v in results.items() if k != args.scheme}
-        if args.out is not None and not isinstance(main_res, InfeasibleError):
+        if args.out is not None and not failed:
             out["plan_file"] = str(args.out)
         print(json.dumps(_json_safe(out)))
     else:
@@ -95,12 +106,51 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"note: {line}")
         for name, res in results.items():
             _print_result(name, res)
-        if args.out is not None and not isinstance(main_res, InfeasibleError):
+        if args.out is not None and not failed:
             print(f"plan written to {args.out}")
-    if isinstance(main_res, InfeasibleError):
+    if failed:
         print(f"testbed plan: error: {main_res}", file=sys.stderr)
+        if args.out is not None:
+            print(f"testbed plan: no plan written to {args.out}", file=sys.stderr)
         return 3
     return 0
+
+
+def _plan_record(
+    cfg: ExperimentConfig, hw: Any, sf: Any, schemes: tuple[str, ...], *, quiet: bool
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """Record-level plans of ``schemes`` (progress on stderr unless ``quiet``)."""
+    from aggregator.solver.from_config import record_scenario_from_config
+    from aggregator.solver.infeasible import InfeasibleError
+    from aggregator.solver.record_planner import (
+        NoiseFloor,
+        PlanRefused,
+        default_calibrator,
+        plan_record_scheme,
+    )
+    from testbed.runner import prepare_data
+
+    _data, parts = prepare_data(cfg)
+    sizes = [len(p) for p in parts]
+    scenario, terms, notes = record_scenario_from_config(
+        cfg, hw, sf, d=count_params(cfg), dataset_sizes=sizes
+    )
+
+    def progress(msg: str) -> None:
+        if not quiet:
+            print(f"plan: {msg}", file=sys.stderr, flush=True)
+
+    floor = NoiseFloor(terms, default_calibrator(terms, scenario.epsilon, scenario.delta),
+                       scenario.k_max, progress=progress)
+    results: dict[str, Any] = {}
+    for name in schemes:
+        try:
+            results[name] = plan_record_scheme(
+                scenario, name, terms, tuple(sizes), floor=floor, progress=progress
+            )
+        except (InfeasibleError, PlanRefused) as exc:
+            results[name] = exc
+    return scenario, results, notes
 
 
 def _summary(res: Any) -> dict[str, Any]:
@@ -109,17 +159,23 @@ def _summary(res: Any) -> dict[str, Any]:
     if isinstance(res, InfeasibleError):
         return {"feasible": False, "binding": res.binding, "nearest": res.nearest,
                 "error": str(res)}
+    if isinstance(res, Exception):
+        return {"feasible": False, "refused": True, "error": str(res)}
     return {
-        "feasible": True,
+        "feasible": True, "unit": res.unit, "accounting": res.accounting,
+        "family": res.family, "record": None if res.record is None else res.record.model_dump(),
         "T": res.T, "K": res.K, "H": res.H, "l": res.l, "Q": res.Q, "d": res.d,
         "energy_j": res.energy_j, "energy_comm_j": res.energy_comm_j,
         "energy_comp_j": res.energy_comp_j, "required_uploads": res.required_uploads,
         "strict_exceeds_target": res.strict_exceeds_target, "notes": res.notes,
         "devices": [
             {"id": d.id, "alpha": d.alpha, "sigma": d.sigma, "power_w": d.power_w,
-             "e_comm_j": d.e_comm_j, "e_comp_j": d.e_comp_j, "epsilon": d.epsilon_paper,
+             "e_comm_j": d.e_comm_j, "e_comp_j": d.e_comp_j, "epsilon": d.epsilon,
+             "epsilon_accounting": res.accounting,
              "epsilon_paper": d.epsilon_paper, "epsilon_strict": d.epsilon_strict,
-             "regime": d.regime}
+             "epsilon_no_channel": d.epsilon_no_channel,
+             "epsilon_device_level": d.epsilon_device_level,
+             "noise_multiplier": d.noise_multiplier, "regime": d.regime}
             for d in res.devices
         ],
         "solver_seconds": res.solver.seconds,
@@ -144,6 +200,12 @@ def _print_result(name: str, res: Any) -> None:
     if isinstance(res, InfeasibleError):
         print(f"  INFEASIBLE: {res}")
         return
+    if isinstance(res, Exception):
+        print(f"  REFUSED: {res}")
+        return
+    if res.unit == "record":
+        _print_record(res)
+        return
     q = "-" if res.Q is None else str(res.Q)
     print(f"  T = {res.T} (K = {res.K} uploads x H = {res.H}), l = {res.l} of d = {res.d}, "
           f"Q = {q}")
@@ -160,3 +222,26 @@ def _print_result(name: str, res: Any) -> None:
     if res.strict_exceeds_target:
         print(f"  WARNING: strict epsilon above the target {res.epsilon_target:g} "
               "(see note above)")
+
+
+def _print_record(res: Any) -> None:
+    """Human-readable record-level plan."""
+    q = "-" if res.Q is None else str(res.Q)
+    rec = res.record
+    print(f"  unit record, accountant {res.accounting} ({rec.relation}, "
+          f"{'secret' if rec.amplified else 'public'} sampling), family {res.family}")
+    print(f"  K = {res.K} rounds (FedSGD), l = {res.l} of d = {res.d}, Q = {q}, "
+          f"trusted {res.trusted:g}")
+    print(f"  energy {res.energy_j:.6g} J (radio {res.energy_comm_j:.6g} J, computing "
+          f"{res.energy_comp_j:.6g} J); convergence model needs K >= {res.required_uploads:.4g}")
+    print("  dev      alpha      sigma   power_W  E_comm_J/up       z_eff  epsilon  "
+          "eps_no_chan  eps_device  regime")
+    for d in res.devices:
+        print(f"  {d.id:>3} {d.alpha:10.4g} {d.sigma:10.4g} {d.power_w:9.4g} {d.e_comm_j:12.4g} "
+              f"{d.noise_multiplier:11.4g} {d.epsilon:8.4g} {d.epsilon_no_channel:12.4g} "
+              f"{d.epsilon_device_level:11.4g}  {d.regime}")
+    print(f"  epsilon: record unit, delta {res.delta:g}, {res.accounting} (dp-accounting), "
+          "per device, after K rounds at the assumed channel; eps_no_chan: no channel credit; "
+          "eps_device: a device's whole data set")
+    for note in res.notes:
+        print(f"  note: {note}")

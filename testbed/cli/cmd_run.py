@@ -41,6 +41,13 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override a hardware-config key, dotted (waveform.speed_kmh=20); repeatable",
     )
+    p.add_argument(
+        "--plan",
+        type=Path,
+        metavar="PLAN.yaml",
+        help="follow a `testbed plan --out` file: sets plan, and scheme, rounds, privacy unit "
+        "and compression from it (before --set); the config must agree with the rest",
+    )
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -57,14 +64,17 @@ def _run(args: argparse.Namespace) -> int:
     out: Path | None = None
     try:
         if args.resume is not None:
-            if args.config or args.overrides or args.out or args.hw_overrides:
+            if args.config or args.overrides or args.out or args.hw_overrides or args.plan:
                 raise ConfigError(
-                    "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out"
+                    "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out/--plan"
                 )
             out = args.resume
             summary = resume_experiment(out, progress=progress)
         else:
-            cfg = load_experiment(args.config, args.overrides)
+            overrides = [*plan_overrides(args.plan), *args.overrides] if args.plan else (
+                args.overrides
+            )
+            cfg = load_experiment(args.config, overrides)
             hw = load_hardware(cfg.hw_config, args.hw_overrides)  # validate before any work
             out = args.out or default_run_path(cfg.name)
             summary = run_experiment(cfg, out, progress=progress, hw=hw)
@@ -85,3 +95,26 @@ def _run(args: argparse.Namespace) -> int:
     elif summary["status"] == "failed" and not summary.get("run_dir_removed"):
         print(f"traceback in {out}/error.log", file=sys.stderr)
     return int(summary["exit_code"])
+
+
+def plan_overrides(path: Path) -> list[str]:
+    """Config overrides that make a run follow the plan at ``path``.
+
+    ``plan``, ``scheme``, ``rounds`` (K), ``privacy.unit`` and the compression that gives the
+    plan's ``l`` and ``Q``; everything else the plan assumed is checked by the run
+    (:func:`testbed.schemes.load_checked_plan`).
+    """
+    from aggregator.solver.plan_file import load_plan
+
+    plan = load_plan(path)
+    out = [f"plan={path}", f"scheme={plan.scheme}", f"rounds={plan.K}",
+           f"privacy.unit={plan.unit}"]
+    if plan.unit == "device":
+        out.append(f"local_steps={plan.H}")
+    out.append(f"compression.sparsify={'true' if plan.l < plan.d else 'false'}")
+    if plan.l < plan.d:
+        out.append(f"compression.theta_s={plan.l / plan.d!r}")
+    out.append(f"compression.quantize={'true' if plan.Q is not None else 'false'}")
+    if plan.Q is not None:
+        out.append(f"compression.levels={plan.Q}")
+    return out

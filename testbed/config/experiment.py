@@ -191,10 +191,19 @@ class PowerConfig(_Strict):
 
 
 class EnergyConfig(_Strict):
-    """Computing energy model (003 Section V-A)."""
+    """Computing energy: the model (003 Section V-A) or a power meter (``source``)."""
 
     e_comp_j: float = Field(
         0.5, ge=0, le=1e6, description="local computing energy per round (J), at most 1e6 J"
+    )
+    source: Literal["model", "measured", "auto"] = Field(
+        "model",
+        description=(
+            "computing energy per device per round: 'model' = e_comp_j; 'measured' = a "
+            "power meter (Jetson INA3221 or Intel RAPL; whole board/package over the "
+            "device's training time slice), refused at start when none is available; "
+            "'auto' = a power meter when available, else e_comp_j"
+        ),
     )
 
 
@@ -262,6 +271,25 @@ class ExperimentConfig(_Strict):
             "computing + radio) the summary reports (003 Fig. 3)"
         ),
     )
+    loss_target_window: int = Field(
+        5,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "rounds in the trailing mean of the training loss that loss_targets and "
+            "stop_at_loss compare with the target (1 = the raw per-round loss); the same "
+            "definition as `testbed calibrate --window`"
+        ),
+    )
+    stop_at_loss: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "end the run (status completed) after the first round whose training loss, "
+            "averaged over loss_target_window rounds, is at or below this; null = run all "
+            "rounds"
+        ),
+    )
     clip: ClipConfig = ClipConfig()
     compression: CompressionConfig = CompressionConfig()
     privacy: PrivacyConfig = PrivacyConfig()
@@ -316,10 +344,12 @@ class ExperimentConfig(_Strict):
                     f"privacy.sigma: got {self.privacy.sigma}; with privacy.unit=record the "
                     "noise is set by privacy.noise_multiplier (z, per step), not sigma"
                 )
-            if self.plan is not None:
+            if self.plan is not None and (
+                self.privacy.noise != "upload" or self.privacy.noise_multiplier is not None
+            ):
                 raise ValueError(
-                    "plan: plans from `testbed plan` are made for privacy.unit=device; set "
-                    "privacy.unit=device to follow one"
+                    "plan: a record-level plan sets the upload noise itself; it needs "
+                    "privacy.noise=upload and privacy.noise_multiplier=null"
                 )
             if self.privacy.noise == "upload" and self.local_steps != 1:
                 raise ValueError(

@@ -30,9 +30,9 @@ from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import ConfigError, load_experiment
 
 #: Default record-unit noise multipliers, as multiples of the z* the config's target needs.
-RECORD_Z_FACTORS: tuple[float, ...] = (0.5, 1.5)
+RECORD_Z_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 #: Default sparsification ratios of record-unit pilots.
-RECORD_THETA_S: tuple[float, ...] = (1.0, 0.25)
+RECORD_THETA_S: tuple[float, ...] = (1.0,)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import pytest
 from aggregator.solver.plan_file import load_plan
 from testbed.cli.main import main
 
-COORD = ["--set", "clip.mode=coordinate", "--set", "privacy.unit=device"]
+COORD = ["--set", "clip.mode=coordinate", "--set", "privacy.unit=device",
+         "--set", "privacy.accounting=paper"]
 #: No data set here: a calibrate case that got as far as training would fail loudly.
 NO_DATA = ["--set", "data_dir=/nonexistent-testbed-data"]
 PRIVACY = ["privacy", "--sigma", "0.1", "--alpha", "1", "--h", "1", "--n0", "0.01",
@@ -77,8 +78,11 @@ def test_plan_takes_hw_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--target-loss", "nan"], ["--target-loss", "nan"]),
         (["--target-loss", "-1"], ["--target-loss", "-1"]),
         (["--hw-set", "symbol_rate_hz=-1"], ["hardware config key 'symbol_rate_hz'"]),
-        (["--sigmas", "1e308", "0"], ["privacy.sigma", "1e+308"]),
-        ([], ["pilot 0", "/nonexistent-testbed-data"]),
+        (["--unit", "device", "--sigmas", "1e308", "0"], ["--sigmas", "1e+308", "<= 1e6"]),
+        (["--unit", "device"], ["the config's data set", "/nonexistent-testbed-data"]),
+        (["--set", "local_steps=1", "--set", "privacy.noise=upload"],
+         ["the config's data set", "/nonexistent-testbed-data"]),
+        ([], ["config key 'local_steps': got 20", "--unit device"]),
     ],
 )
 def test_calibrate_refuses_before_training(

@@ -158,7 +158,10 @@ def test_design_problem_refuses_grids_that_cannot_identify_both_constants() -> N
     # theta_s varied at one noise multiplier: the noise term follows theta_qs.
     problem = design_problem([(1.0, 0.1), (4.0, 0.41)])
     assert problem is not None and "cosine" in problem
-    assert "theta_qs does not vary" in str(design_problem([(1.0, 0.1), (1.2, 0.9)]))
+    # one compression for every pilot: beta1 theta_qs is the intercept, identified through
+    # the noise term's variation
+    assert design_problem([(1.0, 0.1), (1.0, 0.4), (1.0, 0.9)]) is None
+    assert "theta_qs is 0" in str(design_problem([(0.0, 0.1), (0.0, 0.9)]))
     assert "noise term does not vary" in str(design_problem([(1.0, 0.0), (4.0, 0.0)]))
     assert "noise term does not vary" in str(design_problem([(1.0, 0.5), (4.0, 0.55)]))
 
@@ -207,17 +210,20 @@ def test_record_calibration_with_real_pilots_reports_progress_and_refuses_above_
     captured = capsys.readouterr()
     result = json.loads(captured.out)  # one JSON object on stdout, even when refused
     assert rc == 3 and not out.exists() and result["written"] is None
-    assert any("above --max-error 1e-06" in r for r in result["refused"])
+    assert result["refused"]
+    if result["n_runs_used"] >= 3:  # else refused for too few pilots in the fit
+        assert any("above --max-error 1e-06" in r for r in result["refused"])
     assert "no calibration written" in captured.err
-    for k in range(1, 5):
-        assert f"pilot {k}/4 (theta_s=" in captured.err
-    assert captured.err.count(": started, up to 6 rounds") == 4
-    assert captured.err.count("completed after 6 rounds in") == 4
+    for k in range(1, 4):
+        assert f"pilot {k}/3 (theta_s=" in captured.err
+    assert captured.err.count(": started, up to 6 rounds") == 3
+    assert captured.err.count("completed after 6 rounds in") == 3
     assert result["model"] == "decoded-noise/v1" and result["unit"] == "record"
     assert result["window"] == 5 and result["max_error"] == 1e-6
     z_star = result["grid"]["z_star"]
-    assert result["grid"]["noise_multipliers"] == pytest.approx([0.5 * z_star, 1.5 * z_star])
-    assert len(result["runs"]) == 4
+    assert result["grid"]["noise_multipliers"] == pytest.approx(
+        [0.5 * z_star, z_star, 2.0 * z_star])
+    assert len(result["runs"]) == 3
     for row in result["runs"]:
         # sigma is exactly z C / B (no channel credit), and the regressors are the model's.
         assert row["sigma2_mean"] == pytest.approx((row["noise_multiplier"] * 1.0 / 16) ** 2,
@@ -242,7 +248,7 @@ def test_record_pilots_stop_at_the_given_target_loss(
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert rc == 3 and result["stop_at_loss"] == 100
-    assert [r["rounds_completed"] for r in result["runs"]] == [1, 1, 1, 1]
+    assert [r["rounds_completed"] for r in result["runs"]] == [1, 1, 1]
     assert all(r["uploads_needed"] == 1 and not r["used"] for r in result["runs"])
     assert "at their first round" in captured.err
     assert any(r.startswith("no fit") for r in result["refused"])

@@ -164,9 +164,12 @@ class BetaFit:
 def design_problem(regressors: Sequence[tuple[float, float]]) -> str | None:
     """Why a set of regressor rows cannot identify ``(beta1, beta2)``; ``None`` if it can.
 
-    Checks, in order: at least 2 rows; each column varies (largest >= :data:`MIN_COLUMN_RATIO`
-    times smallest, and not all zero); the columns are not near-collinear (cosine
-    <= :data:`MAX_COLUMN_COSINE`); the matrix has rank 2.
+    Checks, in order: at least 2 rows; the noise column varies (largest >=
+    :data:`MIN_COLUMN_RATIO` times smallest, and not all zero) and ``theta_qs`` is not all
+    zero; the columns are not near-collinear (cosine <= :data:`MAX_COLUMN_COSINE`); the
+    matrix has rank 2. A constant ``theta_qs`` (every pilot at the same compression) is
+    allowed: ``beta1 theta_qs`` is then the intercept, identified through the noise
+    column's variation, and the ``theta_qs`` scaling itself is not checked by the data.
 
     Parameters
     ----------
@@ -179,7 +182,9 @@ def design_problem(regressors: Sequence[tuple[float, float]]) -> str | None:
     if not np.all(np.isfinite(x)):
         return "a regressor is not finite"
     names = ("theta_qs", "the noise term")
-    for j in range(2):
+    if np.abs(x[:, 0]).max() == 0:
+        return "theta_qs is 0 for every pilot"
+    for j in (1,):
         col = np.abs(x[:, j])
         if col.max() == 0 or col.max() < MIN_COLUMN_RATIO * col.min():
             return (

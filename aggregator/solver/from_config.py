@@ -308,3 +308,22 @@ def record_scenario_from_config(
             "guard accounts each round's realized gain and may stop a device early"
         )
     return scn, terms, notes
+
+
+def calibration_range(path: str | Path) -> tuple[float, float, float] | None:
+    """``(lowest, highest noise term, target loss)`` of the pilots a calibration fitted.
+
+    ``None`` when the file holds no usable pilot data (e.g. constants typed in by hand).
+    """
+    data = read_yaml_mapping(Path(path), "calibration file")
+    runs = data.get("runs")
+    if not isinstance(runs, list):
+        return None
+    terms = [
+        float(r["noise_term"]) for r in runs
+        if isinstance(r, dict) and r.get("used") and isinstance(r.get("noise_term"), int | float)
+    ]
+    target = data.get("target_loss")
+    if not terms or not isinstance(target, int | float):
+        return None
+    return min(terms), max(terms), float(target)

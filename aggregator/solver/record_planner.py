@@ -305,3 +305,10 @@ def build_record_plan(
             noise_floor_z=zf, margin=RECORD_MARGIN, convergence_model=DECODED_NOISE_MODEL,
         ),
     ))
+
+
+def plan_noise_term(plan: Plan) -> float:
+    """Mean decoded noise energy of a record plan (the convergence model's noise regressor)."""
+    tq = math.sqrt(plan.d) / plan.Q if plan.Q is not None else 0.0
+    tqs = theta_qs(plan.family, tq, plan.l / plan.d)
+    return (plan.required_uploads - plan.beta1 * tqs) / plan.beta2

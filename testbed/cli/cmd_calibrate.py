@@ -58,10 +58,10 @@ def register(sub: Any) -> None:
     p.add_argument("--unit", choices=("record", "device"),
                    help="privacy unit of the pilots (default: the config's privacy.unit)")
     p.add_argument("--theta-s", type=float, nargs="+",
-                   help="sparsification ratios l/d to try (default: record 1.0 0.25, "
+                   help="sparsification ratios l/d to try (default: record 1.0, "
                         "device 1.0 0.3)")
     p.add_argument("--noise-multipliers", type=float, nargs="+", metavar="Z",
-                   help="record unit: noise multipliers z to try (default: 0.5 z* and 1.5 z*, "
+                   help="record unit: noise multipliers z to try (default: 0.5, 1 and 2 z*, "
                         "z* = the multiplier the config's epsilon target needs)")
     p.add_argument("--levels", type=int, nargs="+",
                    help="device unit: quantization levels Q to try (default 32 8)")
@@ -131,6 +131,12 @@ def _check_args(args: argparse.Namespace, unit: str) -> None:
         check_output_file(args.out, "--out")
     if args.runs_dir is not None:
         check_output_dir(args.runs_dir, "--runs-dir")
+        taken = sorted(args.runs_dir.glob("pilot-*")) if args.runs_dir.is_dir() else []
+        if taken:
+            raise ConfigError(
+                f"--runs-dir '{args.runs_dir}': '{taken[0].name}' already exists (from an "
+                "earlier calibration?); allowed: a directory without pilot-* entries"
+            )
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -153,13 +159,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds is not None else base.rounds
     common = {"rounds": rounds, "window": args.window, "stop_at_loss": args.target_loss}
     overrides = [*args.overrides, f"privacy.unit={unit}"]
-    d = count_params(base)
-    grid: dict[str, Any]
     if unit == "record":
         check_record_config(load_experiment(args.config, overrides))
-        from testbed.runner import prepare_data
+    d = count_params(base)
+    from testbed.runner import prepare_data
 
+    try:  # the data set is checked before any pilot; record pilots need its split
         _, parts = prepare_data(base)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ConfigError(f"calibrate: the config's data set: {exc}") from None
+    grid: dict[str, Any]
+    if unit == "record":
         sizes = [len(p) for p in parts]
         z_star = target_noise_multiplier(load_experiment(args.config, overrides), sizes)
         zs = args.noise_multipliers or [f * z_star for f in RECORD_Z_FACTORS]
@@ -177,14 +187,6 @@ def _calibrate(args: argparse.Namespace) -> int:
                                levels=grid["levels"], sigmas=grid["sigmas"], **common)
         flags = "--theta-s / --levels / --sigmas"
     cosine = check_grid(pilots, flags)
-    if args.runs_dir is not None:
-        for k in range(len(pilots)):
-            taken = args.runs_dir / f"pilot-{k:02d}"
-            if taken.exists():
-                raise ConfigError(
-                    f"--runs-dir '{args.runs_dir}': '{taken.name}' already exists (from an "
-                    "earlier calibration?); allowed: a new or empty directory"
-                )
     runs_root = args.runs_dir or Path(tempfile.mkdtemp(prefix="calibrate-"))
     _say(f"{len(pilots)} pilots ({unit} unit, model {model_of(unit)}), up to {rounds} rounds "
          f"each, regressor cosine {cosine:.3f}" + (
@@ -220,7 +222,7 @@ def _run_pilot(k: int, n: int, pilot: Any, runs_root: Path, hw: Any) -> dict[str
         summary = run_experiment(pilot.cfg, run_dir, hw=hw, on_round=heartbeat)
     except (FileNotFoundError, RunDirError) as exc:
         # e.g. the data set is missing: the runner checks it before the first round.
-        raise ConfigError(f"calibrate: pilot {k}: {exc}") from None
+        raise ConfigError(f"calibrate: {label}: {exc}") from None
     seconds = time.monotonic() - t0
     metrics = run_dir / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.is_file() else []

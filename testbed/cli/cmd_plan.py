@@ -120,12 +120,13 @@ def _plan_record(
     cfg: ExperimentConfig, hw: Any, sf: Any, schemes: tuple[str, ...], *, quiet: bool
 ) -> tuple[Any, dict[str, Any], list[str]]:
     """Record-level plans of ``schemes`` (progress on stderr unless ``quiet``)."""
-    from aggregator.solver.from_config import record_scenario_from_config
+    from aggregator.solver.from_config import calibration_range, record_scenario_from_config
     from aggregator.solver.infeasible import InfeasibleError
     from aggregator.solver.record_planner import (
         NoiseFloor,
         PlanRefused,
         default_calibrator,
+        plan_noise_term,
         plan_record_scheme,
     )
     from testbed.runner import prepare_data
@@ -142,14 +143,27 @@ def _plan_record(
 
     floor = NoiseFloor(terms, default_calibrator(terms, scenario.epsilon, scenario.delta),
                        scenario.k_max, progress=progress)
+    span = calibration_range(sf.calibration) if sf.calibration is not None else None
+    if span is not None:
+        notes.append(f"the calibration's pilots reached training loss {span[2]:.4g} with noise "
+                     f"terms {span[0]:.4g} to {span[1]:.4g}; the plans are for that loss")
     results: dict[str, Any] = {}
     for name in schemes:
         try:
-            results[name] = plan_record_scheme(
+            plan = plan_record_scheme(
                 scenario, name, terms, tuple(sizes), floor=floor, progress=progress
             )
         except (InfeasibleError, PlanRefused) as exc:
             results[name] = exc
+            continue
+        noise = plan_noise_term(plan)
+        if span is not None and not span[0] * 0.999 <= noise <= span[1] * 1.001:
+            plan = plan.model_copy(update={"notes": [*plan.notes, (
+                f"extrapolated: the plan's noise term {noise:.4g} lies outside the pilots' "
+                f"range {span[0]:.4g} to {span[1]:.4g}; the convergence model was not checked "
+                "there (add pilots near it)"
+            )]})
+        results[name] = plan
     return scenario, results, notes
 
 

@@ -58,6 +58,8 @@ Schema (YAML mapping, ``format: dpfl-plan/1``; unknown keys are refused)::
       noise_floor_z: [2.13, ...]      # z_min(q_i, K) the target needs (with the margin)
       margin: 0.995           # calibrated to margin * epsilon_target
       convergence_model: decoded-noise/v1
+    target_loss: 0.75         # training loss the calibration's constants were fitted for
+                              #   (a run following the plan reports its energy to reach it)
 
 Units: ``alpha`` multiplies the compressed vector before it is packed two reals per complex
 symbol; ``power_w = tx_power_ref_w * mean |x|^2``. See docs/solver.md.
@@ -161,6 +163,7 @@ class Plan(_Strict):
     devices: list[DevicePlan] = Field(min_length=1)
     solver: SolverInfo
     record: RecordPlanInfo | None = None
+    target_loss: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

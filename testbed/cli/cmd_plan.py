@@ -156,6 +156,8 @@ def _plan_record(
         except (InfeasibleError, PlanRefused) as exc:
             results[name] = exc
             continue
+        if span is not None:
+            plan = plan.model_copy(update={"target_loss": span[2]})
         noise = plan_noise_term(plan)
         if span is not None and not span[0] * 0.999 <= noise <= span[1] * 1.001:
             plan = plan.model_copy(update={"notes": [*plan.notes, (

@@ -100,9 +100,10 @@ def _run(args: argparse.Namespace) -> int:
 def plan_overrides(path: Path) -> list[str]:
     """Config overrides that make a run follow the plan at ``path``.
 
-    ``plan``, ``scheme``, ``rounds`` (K), ``privacy.unit`` and the compression that gives the
-    plan's ``l`` and ``Q``; everything else the plan assumed is checked by the run
-    (:func:`testbed.schemes.load_checked_plan`).
+    ``plan``, ``scheme``, ``rounds`` (K), ``privacy.unit``, the compression that gives the
+    plan's ``l`` and ``Q``, and ``loss_targets`` = the plan's target loss (so the summary
+    reports the round and energy at which the run reached it); everything else the plan
+    assumed is checked by the run (:func:`testbed.schemes.load_checked_plan`).
     """
     from aggregator.solver.plan_file import load_plan
 
@@ -115,6 +116,8 @@ def plan_overrides(path: Path) -> list[str]:
     if plan.l < plan.d:
         out.append(f"compression.theta_s={plan.l / plan.d!r}")
     out.append(f"compression.quantize={'true' if plan.Q is not None else 'false'}")
+    if plan.target_loss is not None:
+        out.append(f"loss_targets=[{plan.target_loss!r}]")
     if plan.Q is not None:
         out.append(f"compression.levels={plan.Q}")
     return out

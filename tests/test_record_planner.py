@@ -201,3 +201,25 @@ def test_record_plan_needs_fitted_constants(tiny_overrides: list[str]) -> None:
     res = _cli("plan", *_record_overrides(tiny_overrides))
     assert res.returncode == 2
     assert "testbed calibrate" in res.stderr and "beta1" in res.stderr
+
+
+def test_rounds_margin_scales_the_modelled_rounds(tiny_overrides: list[str],
+                                                  tmp_path: Path) -> None:
+    from aggregator.solver.from_config import read_scenario_file, record_scenario_from_config
+    from testbed.config.loader import load_experiment, load_hardware
+
+    sets = [o for o in tiny_overrides if not o.startswith("local_steps")]
+    cfg = load_experiment(None, [*sets, "local_steps=1", "privacy.noise=upload"])
+    hw = load_hardware(cfg.hw_config)
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("model: decoded-noise/v1\nbeta1: 10.0\nbeta2: 2.0\nfit_error: 0.2\n")
+    scn_file = tmp_path / "scn.yaml"
+    scn_file.write_text(f"solver: {{calibration: {cal}}}\n")
+    scn, _terms_, notes = record_scenario_from_config(
+        cfg, hw, read_scenario_file(scn_file), d=100, dataset_sizes=[150] * cfg.devices)
+    assert (scn.beta1, scn.beta2) == pytest.approx((12.0, 2.4))
+    assert any("rounds margin 0.2" in n for n in notes)
+    scn_file.write_text(f"solver: {{calibration: {cal}, rounds_margin: 0}}\n")
+    scn, _terms_, _ = record_scenario_from_config(
+        cfg, hw, read_scenario_file(scn_file), d=100, dataset_sizes=[150] * cfg.devices)
+    assert (scn.beta1, scn.beta2) == pytest.approx((10.0, 2.0))

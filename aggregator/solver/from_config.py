@@ -17,6 +17,8 @@ mapping (or the whole file, if it has no ``solver`` key) may set::
       q_max: 32                # 003: 1 <= Q <= 32
       l_min: 1
       k_max: 10000000
+      rounds_margin: 0.1       # record unit: plan for (1 + margin) x the modelled rounds
+                               #   (default: the calibration's fit error; 0 = none)
 
 From the experiment config: ``devices``, ``local_steps`` (H), ``clip.bound`` (Z, with
 ``clip.mode: coordinate`` required: the paper accounting's kappa/d needs it),
@@ -68,6 +70,7 @@ class ScenarioFile(BaseModel):
     q_max: int = Field(32, ge=1)
     l_min: int = Field(1, ge=1)
     k_max: int = Field(10_000_000, ge=1, le=10**12)
+    rounds_margin: float | None = Field(None, ge=0, le=10)
 
     @field_validator("h", "n0", "p_max_w", "e_comp_j", mode="before")
     @classmethod
@@ -255,11 +258,25 @@ def record_scenario_from_config(
             "noise itself from the epsilon target; use null"
         )
     if sf.beta1 is not None and sf.beta2 is not None:
-        betas = (sf.beta1, sf.beta2)
-        notes = ["beta1, beta2 from the scenario file"]
+        margin = sf.rounds_margin or 0.0
+        betas = (sf.beta1 * (1 + margin), sf.beta2 * (1 + margin))
+        notes = ["beta1, beta2 from the scenario file"
+                 + (f", times (1 + rounds_margin {margin:g})" if margin else "")]
     elif sf.calibration is not None:
         betas = read_calibration_betas(sf.calibration, model=DECODED_NOISE_MODEL)
         notes = [f"beta1, beta2 from calibration file {sf.calibration}"]
+        if sf.rounds_margin is None:
+            err = read_yaml_mapping(Path(sf.calibration), "calibration file").get("fit_error")
+            margin = float(err) if isinstance(err, int | float) and err > 0 else 0.0
+        else:
+            margin = sf.rounds_margin
+        if margin > 0:
+            betas = (betas[0] * (1 + margin), betas[1] * (1 + margin))
+            notes.append(
+                f"rounds margin {margin:.3g}: the plan budgets (1 + {margin:.3g}) x the rounds "
+                "the fitted model predicts (the calibration's fit error; scenario key "
+                "'rounds_margin' sets it, 0 for none)"
+            )
     else:
         raise ConfigError(
             "scenario keys 'beta1'/'beta2' or 'calibration': record-level plans need the "

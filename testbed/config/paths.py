@@ -23,7 +23,7 @@ def _nearest_existing(path: Path) -> Path:
 def _check_creatable(path: Path, flag: str) -> None:
     """Whatever of ``path`` is missing can be created: its nearest existing ancestor is a
     writable directory."""
-    base = _nearest_existing(path.parent if not path.exists() else path)
+    base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise ConfigError(f"{flag} '{path}': '{base}' is a file, not a directory")
     if not os.access(base, os.W_OK | os.X_OK):

@@ -23,9 +23,17 @@ from typing import Any
 from testbed.runner import loss_target_energy
 
 
-def run_row(run: Path, targets: list[float], window: int) -> dict[str, Any]:
-    """Energy-to-target figures of one run directory."""
+def run_row(run: Path, targets: list[float], window: int, part: str = "total") -> dict[str, Any]:
+    """Energy-to-target figures of one run directory.
+
+    ``part``: ``"total"`` (computing plus radio), ``"radio"`` or ``"computing"`` only.
+    """
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    if part != "total":
+        drop = "energy_comp_j" if part == "radio" else "energy_comm_j"
+        metrics = [
+            {**m, "devices": [{**d, drop: 0.0} for d in m.get("devices", [])]} for m in metrics
+        ]
     summary = json.loads((run / "summary.json").read_text())
     spent = sum(
         d.get("energy_comm_j", 0.0) + d.get("energy_comp_j", 0.0)
@@ -55,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", type=Path, help="run directories; the first is the baseline")
     p.add_argument("--target", type=float, nargs="+", required=True, help="training losses")
     p.add_argument("--window", type=int, default=5, help="trailing mean over rounds (default 5)")
+    p.add_argument("--part", choices=["total", "radio", "computing"], default="total",
+                   help="which energy to count (default total = computing + radio)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.window < 1:
@@ -62,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         if not (run / "metrics.jsonl").is_file() or not (run / "summary.json").is_file():
             p.error(f"run directory '{run}': needs metrics.jsonl and summary.json")
-    rows = [run_row(r, args.target, args.window) for r in args.runs]
+    rows = [run_row(r, args.target, args.window, args.part) for r in args.runs]
     base = rows[0]["targets"]
     for row in rows:
         for t, b in zip(row["targets"], base, strict=True):
@@ -72,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"window {args.window} rounds; energy = computing + radio, all devices; "
+    print(f"window {args.window} rounds; energy = {args.part}, all devices; "
           f"baseline {rows[0]['run']}")
     print(f"{'scheme':<12} {'eps':>5} {'spent':>6} {'rounds':>6} {'acc':>7} {'target':>7} "
           f"{'round':>6} {'energy_J':>10} {'ratio':>6}  run")
     for row in rows:
         for t in row["targets"]:
             reached = t["round"] is not None
-            energy = f"{t['energy_j']:10.1f}" if reached else f">{row['energy_total_j']:9.1f}"
+            energy = f"{t['energy_j']:10.4g}" if reached else f">{row['energy_total_j']:9.4g}"
             ratio = f"{t['ratio_vs_baseline']:6.2f}" if t["ratio_vs_baseline"] else "     -"
             acc = row["final_accuracy"]
             spent = row["epsilon_spent_max"]

@@ -29,10 +29,14 @@ def register(sub: Any) -> None:
             "Plan EE-DP-FL (003 Section V, Algorithm 2 with the corrections of docs/solver.md) "
             "for an experiment config: uploads K (T = K H), sparsity l, quantization levels Q, "
             "per-device power scaling alpha_i and artificial noise sigma_i minimising the "
-            "devices' total energy under the epsilon target (paper accounting), the power "
-            "limit and the fitted convergence bound (25). Also plans ldp-fedavg, s-dp-fl and "
-            "channel-dp under the same targets. Solver-only inputs (beta1, beta2, gains h_i, "
-            "Q range) come from --scenario FILE (see aggregator/solver/from_config.py)."
+            "devices' total energy under the epsilon target in the accounting the run enforces "
+            "(record unit, the default: the run's dp-accounting accountant, FedSGD with upload "
+            "noise; device unit: the paper accounting, only with privacy.accounting=paper), "
+            "the power limit and the fitted convergence bound. A plan whose epsilon the run "
+            "would find above the target is refused (exit 3). Also plans ldp-fedavg, s-dp-fl "
+            "and channel-dp under the same targets. Solver-only inputs (beta1, beta2 or a "
+            "calibration, gains h_i, Q range, rounds_margin) come from --scenario FILE (see "
+            "aggregator/solver/from_config.py)."
         ),
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")

@@ -71,7 +71,7 @@ def solve(prob: alg.Problem) -> Solved | None:
     t0 = time.perf_counter()
     start = alg.initial_point(prob)
     if start is None:
-        start = _fine_start(prob)
+        start = fine_start(prob)
         if start is None:
             return None
     trace = alg.SolveTrace()
@@ -86,10 +86,11 @@ def solve(prob: alg.Problem) -> Solved | None:
     return Solved(p4, ip, trace, time.perf_counter() - t0)
 
 
-def _fine_start(prob: alg.Problem) -> alg.Point | None:
+def fine_start(prob: alg.Problem, *, n_q: int = 8, n_s: int = 12) -> alg.Point | None:
+    """Best point of a fine compression grid (each with its best K), or ``None``."""
     (tq_lo, tq_hi), (ts_lo, ts_hi) = prob.theta_bounds()
-    tqs = np.geomspace(tq_lo, tq_hi, 8) if prob.family == "qs" else [0.0]
-    tss = np.geomspace(ts_lo, ts_hi, 12) if prob.family != "none" else [1.0]
+    tqs = np.geomspace(tq_lo, tq_hi, n_q) if prob.family == "qs" else [0.0]
+    tss = np.geomspace(ts_lo, ts_hi, n_s) if prob.family != "none" else [1.0]
     best = None
     for tq in tqs:
         for ts in tss:
@@ -102,7 +103,7 @@ def _fine_start(prob: alg.Problem) -> alg.Point | None:
 def is_feasible(scenario: Scenario, scheme: str) -> bool:
     """Whether ``scheme`` has any feasible continuous point (coarse then fine search)."""
     prob = problem_for(scenario, scheme)
-    return alg.initial_point(prob) is not None or _fine_start(prob) is not None
+    return alg.initial_point(prob) is not None or fine_start(prob) is not None
 
 
 def plan_scheme(

@@ -136,20 +136,11 @@ def account_plan(
 
 
 def _solve(prob: RecordProblem) -> alg.IntegerPoint | None:
-    start = alg.initial_point(prob)
+    from aggregator.solver.planner import fine_start
+
+    start = alg.initial_point(prob) or fine_start(prob, n_q=6, n_s=10)
     if start is None:
-        fine = None
-        (tq_lo, tq_hi), (ts_lo, ts_hi) = prob.theta_bounds()
-        tqs = np.geomspace(tq_lo, tq_hi, 6) if prob.family == "qs" else [0.0]
-        tss = np.geomspace(ts_lo, ts_hi, 10) if prob.family != "none" else [1.0]
-        for tq in tqs:
-            for ts in tss:
-                p = prob.best_k(float(tq), float(ts), n_grid=40)
-                if p is not None and (fine is None or p.energy_j < fine.energy_j):
-                    fine = p
-        if fine is None:
-            return None
-        start = fine
+        return None
     p2 = alg.compression_search(prob, start)
     p3 = alg.polish(prob, p2)
     return alg.round_point(prob, p3)

@@ -82,8 +82,10 @@ class RecordTerms:
 
     @property
     def norm_bound(self) -> float:
-        """``Z = C sqrt(1 + 1/B)``: bound on ``sqrt(E||v||^2)`` used for power."""
-        return self.example_clip * math.sqrt(1.0 + 1.0 / self.expected_batch)
+        """``Z = C sqrt(1 + 1/B)``: bound on ``sqrt(E||v||^2)`` used for power (the runner's)."""
+        from testbed.record_schemes import record_norm_bound
+
+        return record_norm_bound(self.example_clip, self.expected_batch)
 
 
 Calibrator = Callable[[float, int], float]

@@ -133,20 +133,12 @@ def scenario_from_config(
             "'coordinate' (003 per-coordinate clipping, which the paper accounting assumes); "
             "use --set clip.mode=coordinate"
         )
-    n = cfg.devices
     if sf.d is not None:
         d = sf.d
     elif count_params is not None:
         d = count_params(cfg)
     else:
         raise ConfigError("scenario key 'd': model size needed (no parameter counter given)")
-    h = sf.h if sf.h is not None else 1.0
-    if sf.h is None:
-        notes.append("h_i = 1 for every device (mean gain at the configured snr_db)")
-    if sf.n0 is not None:
-        n0: Any = sf.n0
-    else:
-        n0 = [noise_var_from_snr_db(s) / 2.0 for s in cfg.snr_db_per_device()]
     if sf.beta1 is not None and sf.beta2 is not None:
         betas = (sf.beta1, sf.beta2)
     elif sf.calibration is not None:
@@ -160,26 +152,45 @@ def scenario_from_config(
         )
     try:
         scn = Scenario(
-            h=_per_device(h, n, "h"), n0=_per_device(n0, n, "n0"),
-            p_max_w=_per_device(sf.p_max_w if sf.p_max_w is not None else cfg.power.p_max_w,
-                                n, "p_max_w"),
-            e_comp_j=_per_device(
-                sf.e_comp_j if sf.e_comp_j is not None else cfg.energy.e_comp_j, n, "e_comp_j"
-            ),
+            **_devices_and_link(cfg, hw, sf, notes),
             d=d, local_steps=cfg.local_steps, clip_bound=cfg.clip.bound,
             epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
-            beta1=betas[0], beta2=betas[1], t_cm_s=1.0 / hw.symbol_rate_hz,
-            tx_power_ref_w=hw.tx_power_ref_w, trusted=cfg.privacy.trusted_channel_noise,
-            q_min=sf.q_min, q_max=sf.q_max, l_min=sf.l_min, k_max=sf.k_max,
+            beta1=betas[0], beta2=betas[1], k_max=sf.k_max,
         )
     except ScenarioError as exc:
         raise ConfigError(f"scenario: {exc}") from None
+    return scn, notes
+
+
+def _devices_and_link(
+    cfg: ExperimentConfig, hw: HardwareConfig, sf: ScenarioFile, notes: list[str]
+) -> dict[str, Any]:
+    """The per-device and link fields of a scenario (h, n0, p_max_w, e_comp_j, t_cm_s,
+    tx_power_ref_w, trusted, Q/l/K bounds) from the config and scenario file; appends the
+    notes about defaults and fading to ``notes``."""
+    n = cfg.devices
+    if sf.h is None:
+        notes.append("h_i = 1 for every device (mean gain at the configured snr_db)")
+    n0: Any = sf.n0 if sf.n0 is not None else [
+        noise_var_from_snr_db(s) / 2.0 for s in cfg.snr_db_per_device()
+    ]
     if cfg.fading != "none":
         notes.append(
             f"fading '{cfg.fading}': the plan assumes the fixed gains h_i; under fading the "
-            "run's budget guard accounts each round's realized gain"
+            "run's budget guard accounts each round's realized gain and may stop a device early"
         )
-    return scn, notes
+    return dict(
+        h=_per_device(sf.h if sf.h is not None else 1.0, n, "h"),
+        n0=_per_device(n0, n, "n0"),
+        p_max_w=_per_device(sf.p_max_w if sf.p_max_w is not None else cfg.power.p_max_w,
+                            n, "p_max_w"),
+        e_comp_j=_per_device(
+            sf.e_comp_j if sf.e_comp_j is not None else cfg.energy.e_comp_j, n, "e_comp_j"
+        ),
+        t_cm_s=1.0 / hw.symbol_rate_hz, tx_power_ref_w=hw.tx_power_ref_w,
+        trusted=cfg.privacy.trusted_channel_noise, q_min=sf.q_min, q_max=sf.q_max,
+        l_min=sf.l_min,
+    )
 
 
 def _per_device(value: Any, n: int, name: str) -> tuple[float, ...]:
@@ -297,33 +308,14 @@ def record_scenario_from_config(
         amplified=pc.secure_sampling, example_clip=pc.example_clip,
         expected_batch=float(cfg.batch_size), accountant=pc.accountant, relation=pc.relation,
     )
-    h = sf.h if sf.h is not None else 1.0
-    if sf.h is None:
-        notes.append("h_i = 1 for every device (mean gain at the configured snr_db)")
-    n0: Any = sf.n0 if sf.n0 is not None else [
-        noise_var_from_snr_db(s) / 2.0 for s in cfg.snr_db_per_device()
-    ]
     try:
         scn = Scenario(
-            h=_per_device(h, n, "h"), n0=_per_device(n0, n, "n0"),
-            p_max_w=_per_device(sf.p_max_w if sf.p_max_w is not None else cfg.power.p_max_w,
-                                n, "p_max_w"),
-            e_comp_j=_per_device(
-                sf.e_comp_j if sf.e_comp_j is not None else cfg.energy.e_comp_j, n, "e_comp_j"
-            ),
+            **_devices_and_link(cfg, hw, sf, notes),
             d=d, local_steps=1, clip_bound=terms.norm_bound, epsilon=pc.epsilon,
-            delta=pc.delta, beta1=betas[0], beta2=betas[1], t_cm_s=1.0 / hw.symbol_rate_hz,
-            tx_power_ref_w=hw.tx_power_ref_w, trusted=pc.trusted_channel_noise,
-            q_min=sf.q_min, q_max=sf.q_max, l_min=sf.l_min,
-            k_max=min(sf.k_max, 100_000),
+            delta=pc.delta, beta1=betas[0], beta2=betas[1], k_max=min(sf.k_max, 100_000),
         )
     except ScenarioError as exc:
         raise ConfigError(f"scenario: {exc}") from None
-    if cfg.fading != "none":
-        notes.append(
-            f"fading '{cfg.fading}': the plan assumes the fixed gains h_i; the run's budget "
-            "guard accounts each round's realized gain and may stop a device early"
-        )
     return scn, terms, notes
 
 

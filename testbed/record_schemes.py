@@ -216,7 +216,7 @@ def _record_uplinks_from_plan(
     size (hence its sampling rate). The budget guard still accounts every upload with the
     realized channel.
     """
-    from testbed.schemes import load_checked_plan
+    from testbed.schemes import checked_plan_power, load_checked_plan
 
     plan = load_checked_plan(cfg, d)
     rec = plan.record
@@ -235,19 +235,9 @@ def _record_uplinks_from_plan(
     credit = spec.credit_channel and plan.Q is None and plan.trusted > 0
     trusted = plan.trusted if credit else 0.0
     norm = record_norm_bound(rec.example_clip, rec.expected_batch)
-    p_units = cfg.power.p_max_w / hw.tx_power_ref_w
     out = []
     for dev, size, z in zip(plan.devices, dataset_sizes, rec.noise_floor_z, strict=True):
-        power = expected_power_bound(
-            d=d, l=plan.l, levels=plan.Q, alpha=dev.alpha, mechanism="before", clip=norm,
-            sigma=dev.sigma,
-        )
-        if power > p_units * (1 + 1e-6):
-            raise ConfigError(
-                f"plan '{cfg.plan}': device {dev.id}'s alpha={dev.alpha} gives an expected "
-                f"power of {power * hw.tx_power_ref_w:.4g} W above power.p_max_w="
-                f"{cfg.power.p_max_w} W"
-            )
+        power = checked_plan_power(cfg, hw, d, plan, dev, clip=norm, mechanism="before")
         uplink = DeviceUplink("before", dev.sigma, dev.alpha, plan.l, plan.Q, trusted, "norm",
                               power)
         settings = RecordSettings(

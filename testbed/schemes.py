@@ -343,25 +343,30 @@ def uplinks_from_plan(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list
     plan = load_checked_plan(cfg, d)
     spec = SCHEMES[cfg.scheme]
     trusted = plan.trusted if spec.credit_channel else 0.0
-    p_units = cfg.power.p_max_w / hw.tx_power_ref_w
     out = []
     for dev in plan.devices:
-        power = expected_power_bound(
-            d=d,
-            l=plan.l,
-            levels=plan.Q,
-            alpha=dev.alpha,
-            clip=cfg.clip.bound,
-            sigma=dev.sigma,
-            mechanism=spec.noise,
-        )
-        if power > p_units * (1 + 1e-6):
-            raise ConfigError(
-                f"plan '{cfg.plan}': device {dev.id}'s alpha={dev.alpha} gives an expected "
-                f"power of {power * hw.tx_power_ref_w:.4g} W above power.p_max_w="
-                f"{cfg.power.p_max_w} W"
-            )
+        power = checked_plan_power(cfg, hw, d, plan, dev, clip=cfg.clip.bound,
+                                   mechanism=spec.noise)
         out.append(
             DeviceUplink(spec.noise, dev.sigma, dev.alpha, plan.l, plan.Q, trusted, "norm", power)
         )
     return out
+
+
+def checked_plan_power(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, plan: Any, dev: Any, *, clip: float,
+    mechanism: str,
+) -> float:
+    """Expected power bound (symbol-power units) of one device of a plan, re-checked here
+    against ``power.p_max_w``; :class:`ConfigError` when the plan's alpha exceeds it."""
+    power = expected_power_bound(
+        d=d, l=plan.l, levels=plan.Q, alpha=dev.alpha, clip=clip, sigma=dev.sigma,
+        mechanism=mechanism,
+    )
+    if power > cfg.power.p_max_w / hw.tx_power_ref_w * (1 + 1e-6):
+        raise ConfigError(
+            f"plan '{cfg.plan}': device {dev.id}'s alpha={dev.alpha} gives an expected "
+            f"power of {power * hw.tx_power_ref_w:.4g} W above power.p_max_w="
+            f"{cfg.power.p_max_w} W"
+        )
+    return power

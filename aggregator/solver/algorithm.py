@@ -74,14 +74,17 @@ class Problem:
             theta_q = min(max(theta_q, tq_lo), tq_hi)
         theta_s = min(max(theta_s, ts_lo), ts_hi)
         tqs = max(1.0, theta_qs(self.family, theta_q, theta_s))
-        kr = kappa_ratio(self.family, theta_q, theta_s)
-        budget = s.n_devices * (k - s.beta1 * tqs) / (s.beta2 * s.d * kr)
+        terms = self.constraint_terms(k, theta_q, theta_s, tqs)
+        if terms is None:
+            return None
+        noise_ratio, noise_theta, trusted, floor = terms
+        budget = s.n_devices * (k - s.beta1 * tqs) / (s.beta2 * s.d * noise_ratio)
         if not budget > 0 or k > s.k_max * (1 + 1e-12):
             return None
         c3 = power_cap_c3(s.p_max_symbol(), theta_qs=tqs, theta_s=theta_s, d=s.d)
         pn = solve_power_noise(
-            n_eff=s.channel_noise_eff(), trusted=self.trusted, theta_qs=tqs, z=s.clip_bound,
-            d=s.d, c3=c3, c4=c4(k, kr, s.clip_bound, self.b_max), budget=budget,
+            n_eff=s.channel_noise_eff(), trusted=trusted, theta_qs=noise_theta,
+            z=s.clip_bound, d=s.d, c3=c3, c4=floor(), budget=budget,
         )
         if not pn.feasible:
             return None
@@ -91,6 +94,20 @@ class Problem:
         )
         energy = total_energy(k, e_comm, np.asarray(s.e_comp_j))
         return Point(k, theta_q, theta_s, pn, energy)
+
+    def constraint_terms(
+        self, k: float, theta_q: float, theta_s: float, tqs: float
+    ) -> tuple[float, float, float, Callable[[], float]] | None:
+        """What (32) needs beyond the compression: ``(r, theta'', t, c4)``.
+
+        The convergence budget is ``N (K - beta1 theta_qs) / (beta2 d r)``, ``theta''``
+        multiplies the artificial noise in it, ``t`` is the trusted fraction in the privacy
+        constraint and ``c4()`` its floor. Here, the paper form: ``r = kappa/d``,
+        ``theta'' = theta_qs``, the scheme's ``t`` and the linear ``c4`` of (32d) corrected.
+        ``None``: no point at this K.
+        """
+        kr = kappa_ratio(self.family, theta_q, theta_s)
+        return kr, tqs, self.trusted, lambda: c4(k, kr, self.scenario.clip_bound, self.b_max)
 
     def k_floor(self, theta_q: float, theta_s: float) -> float:
         """Smallest K with a positive convergence budget (``K > beta1 theta_qs``), >= 1."""

@@ -37,8 +37,6 @@ import numpy as np
 
 from aggregator.solver import algorithm as alg
 from aggregator.solver.compression_terms import theta_qs
-from aggregator.solver.energy import comm_energy_per_upload, power_cap_c3, total_energy
-from aggregator.solver.power_noise import solve_power_noise
 
 #: Calibrate to this fraction of the target (as the runner does, testbed.record_schemes):
 #: the enforced PLD accountant composes round by round and rounds z down by 1e-3 relative.
@@ -169,31 +167,16 @@ class RecordProblem(alg.Problem):
 
     floor: NoiseFloor | None = None
 
-    def evaluate(self, k: float, theta_q: float, theta_s: float) -> alg.Point | None:
-        """Solve (32) with the record-level ``c4 = s_min(K)^2`` at ``(K, theta_q, theta_s)``."""
-        assert self.floor is not None
-        s = self.scenario
-        (tq_lo, tq_hi), (ts_lo, ts_hi) = self.theta_bounds()
-        if self.family == "qs":
-            theta_q = min(max(theta_q, tq_lo), tq_hi)
-        theta_s = min(max(theta_s, ts_lo), ts_hi)
-        tqs = max(1.0, theta_qs(self.family, theta_q, theta_s))
-        budget = s.n_devices * (k - s.beta1 * tqs) / (s.beta2 * s.d * theta_s)
-        if not budget > 0 or k > s.k_max * (1 + 1e-12) or k < 1:
+    def constraint_terms(
+        self, k: float, theta_q: float, theta_s: float, tqs: float
+    ) -> tuple[float, float, float, Callable[[], float]] | None:
+        """The record-level terms: ``r = theta_s``, ``theta'' = theta_qs / theta_s``,
+        ``t theta_s^2`` and ``c4 = s_min(K)^2``; no point below one round."""
+        floor = self.floor
+        assert floor is not None
+        if k < 1:
             return None
-        c3 = power_cap_c3(s.p_max_symbol(), theta_qs=tqs, theta_s=theta_s, d=s.d)
-        pn = solve_power_noise(
-            n_eff=s.channel_noise_eff(), trusted=self.trusted * theta_s**2,
-            theta_qs=tqs / theta_s, z=s.clip_bound, d=s.d, c3=c3, c4=self.floor.s2(k),
-            budget=budget,
-        )
-        if not pn.feasible:
-            return None
-        e_comm = comm_energy_per_upload(
-            pn.a, pn.b, theta_qs=tqs, d=s.d, z=s.clip_bound, t_cm_s=s.t_cm_s,
-            tx_power_ref_w=s.tx_power_ref_w,
-        )
-        return alg.Point(k, theta_q, theta_s, pn, total_energy(k, e_comm, np.asarray(s.e_comp_j)))
+        return theta_s, tqs / theta_s, self.trusted * theta_s**2, lambda: floor.s2(k)
 
 
 def required_uploads(

@@ -53,3 +53,249 @@ class UploadHeader:
     def from_dict(cls, data: dict[str, Any]) -> UploadHeader:
         """Inverse of :meth:`to_dict`; unknown keys are an error."""
         return cls(**data)
+
+
+# --- Control-plane messages between the aggregator and the edge agents -------------------
+#
+# A message is a multipart ZeroMQ message: one JSON header frame, then at most one binary
+# payload frame (little-endian float64 model weights, or complex128 symbols). Everything
+# is validated on receipt: version, type, the exact set of fields and their kinds, sizes,
+# and that the payload has the length the header announces. A message that fails raises
+# :class:`ProtocolError`; the receiver logs and drops it and keeps serving.
+
+#: Version of the message format; a peer speaking another one is refused.
+PROTOCOL_VERSION = 1
+#: Largest JSON header accepted (bytes).
+MAX_HEADER_BYTES = 4 * 1024 * 1024
+#: Largest model accepted (parameters); bounds payload allocations.
+MAX_PARAMS = 50_000_000
+#: Largest upload accepted (complex symbols).
+MAX_SYMBOLS = 50_000_000
+#: Largest device id / round index accepted.
+MAX_DEVICE = 1_000_000
+MAX_ROUND = 100_000_000
+
+_INT = "int"
+_FLOAT = "float"
+_STR = "str"
+_BOOL = "bool"
+_DICT = "dict"
+_LIST = "list"
+_OPT = "?"  # suffix: the field may be null
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol (it is dropped, never acted on)."""
+
+
+#: Field kinds of each message type; every field is required, no other field is allowed.
+SCHEMAS: dict[str, dict[str, str]] = {
+    # edge -> aggregator: join (or rejoin) with what the edge already recorded
+    "hello": {
+        "device": _INT,
+        "instance": _STR,  # random per edge process start
+        "dataset_size": _INT,
+        "nonces": _LIST,  # nonces in the edge's ledger and open intents
+    },
+    # aggregator -> edge: the run it joins
+    "welcome": {
+        "device": _INT,
+        "run_id": _STR,
+        "config_yaml": _STR,
+        "mask_secret": _STR,  # sparsification masks derive from it; only sent here
+        "events": _LIST,  # [{"nonce": str, "event": dict}] the aggregator recorded for it
+        "next_round": _INT,
+    },
+    # aggregator -> edge: train from this model (payload) and upload in this slot
+    "round": {
+        "device": _INT,
+        "round": _INT,
+        "nonce": _STR,
+        "d": _INT,
+        "channel": _DICT + _OPT,  # channel fields the gated event credits (null: none)
+        "slot": _INT,
+        "deadline_s": _FLOAT,
+    },
+    # edge -> aggregator: one upload; payload = symbols (complex128)
+    "upload": {
+        "device": _INT,
+        "round": _INT,
+        "nonce": _STR,
+        "header": _DICT,  # UploadHeader.to_dict()
+        "n_symbols": _INT,
+        "symbol_energy": _FLOAT,
+        "train_loss": _FLOAT + _OPT,
+        "energy_comp_j": _FLOAT,
+        "energy_comp_source": _STR,
+    },
+    # aggregator -> edge: the upload is recorded with these channel fields
+    "ack": {"device": _INT, "round": _INT, "nonce": _STR, "channel": _DICT + _OPT},
+    # edge -> aggregator: the edge will not upload (never went on air)
+    "refuse": {"device": _INT, "round": _INT, "nonce": _STR, "reason": _STR},
+    # either way: the run ended (or the edge is going away)
+    "leave": {"device": _INT, "reason": _STR},
+}
+
+#: Payload each type carries: None, "float64" (d values) or "complex128" (n_symbols).
+PAYLOADS: dict[str, str | None] = {
+    "hello": None,
+    "welcome": None,
+    "round": "float64",
+    "upload": "complex128",
+    "ack": None,
+    "refuse": None,
+    "leave": None,
+}
+
+_MAX_STR = 1_000_000
+_MAX_LIST = 10_000_000
+
+
+@dataclass(frozen=True)
+class Message:
+    """A validated control-plane message.
+
+    Attributes
+    ----------
+    type
+        One of :data:`SCHEMAS`.
+    fields
+        Its header fields (exactly those of the schema).
+    payload
+        Raw payload bytes (float64 weights for ``round``, complex128 symbols for
+        ``upload``), else ``None``.
+    """
+
+    type: str
+    fields: dict[str, Any]
+    payload: bytes | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    if kind.endswith(_OPT):
+        if value is None:
+            return True
+        kind = kind[:-1]
+    if kind == _INT:
+        return type(value) is int
+    if kind == _FLOAT:
+        return type(value) in (int, float) and value == value and abs(value) != float("inf")
+    if kind == _STR:
+        return isinstance(value, str) and len(value) <= _MAX_STR
+    if kind == _BOOL:
+        return type(value) is bool
+    if kind == _DICT:
+        return isinstance(value, dict)
+    if kind == _LIST:
+        return isinstance(value, list) and len(value) <= _MAX_LIST
+    raise AssertionError(kind)
+
+
+def _payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
+    kind = PAYLOADS[msg_type]
+    if kind == "float64":
+        return 8 * int(fields["d"])
+    if kind == "complex128":
+        return 16 * int(fields["n_symbols"])
+    return None
+
+
+def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
+    if not 0 <= fields["device"] <= MAX_DEVICE:
+        raise ProtocolError(f"{msg_type}: device {fields['device']} outside [0, {MAX_DEVICE}]")
+    if "round" in fields and not 0 <= fields["round"] <= MAX_ROUND:
+        raise ProtocolError(f"{msg_type}: round {fields['round']} outside [0, {MAX_ROUND}]")
+    if "d" in fields and not 1 <= fields["d"] <= MAX_PARAMS:
+        raise ProtocolError(f"{msg_type}: d {fields['d']} outside [1, {MAX_PARAMS}]")
+    if "n_symbols" in fields and not 0 <= fields["n_symbols"] <= MAX_SYMBOLS:
+        raise ProtocolError(f"{msg_type}: n_symbols {fields['n_symbols']} too large")
+    for key in ("next_round", "slot", "dataset_size"):
+        if key in fields and not 0 <= fields[key] <= MAX_ROUND:
+            raise ProtocolError(f"{msg_type}: {key} {fields[key]} outside [0, {MAX_ROUND}]")
+    if "deadline_s" in fields and not 0 < fields["deadline_s"] <= 86400:
+        raise ProtocolError(f"{msg_type}: deadline_s {fields['deadline_s']} outside (0, 86400]")
+    if "nonce" in fields and not (0 < len(fields["nonce"]) <= 128):
+        raise ProtocolError(f"{msg_type}: nonce of length {len(fields['nonce'])}")
+    if msg_type == "hello" and not all(isinstance(n, str) for n in fields["nonces"]):
+        raise ProtocolError("hello: nonces must be strings")
+    if msg_type == "welcome":
+        for item in fields["events"]:
+            if not (
+                isinstance(item, dict)
+                and set(item) == {"nonce", "event"}
+                and isinstance(item["nonce"], str)
+                and isinstance(item["event"], dict)
+            ):
+                raise ProtocolError("welcome: events must be {nonce: str, event: dict} items")
+
+
+def encode(msg_type: str, fields: dict[str, Any], payload: bytes | None = None) -> list[bytes]:
+    """Frames of a message; validated as the receiver will (a bad message is never sent).
+
+    Raises
+    ------
+    ProtocolError
+        When the fields or payload do not follow :data:`SCHEMAS` / :data:`PAYLOADS`.
+    """
+    import json
+
+    header = {"v": PROTOCOL_VERSION, "type": msg_type, **fields}
+    frames = [json.dumps(header, allow_nan=False, separators=(",", ":")).encode()]
+    if payload is not None:
+        frames.append(bytes(payload))
+    decode(frames)  # the same checks as on receipt
+    return frames
+
+
+def decode(frames: list[bytes]) -> Message:
+    """Validate and parse a received multipart message.
+
+    Raises
+    ------
+    ProtocolError
+        On anything that is not a well-formed message of the current version: the reason
+        names the field and what was wrong.
+    """
+    import json
+
+    if not isinstance(frames, list) or not 1 <= len(frames) <= 2:
+        got: object = len(frames) if isinstance(frames, list) else type(frames).__name__
+        raise ProtocolError(f"expected 1 or 2 frames, got {got}")
+    head = bytes(frames[0])
+    if len(head) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        data = json.loads(head.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"header is not JSON: {type(exc).__name__}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("header is not a JSON object")
+    if data.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"version {data.get('v')!r}; this side speaks {PROTOCOL_VERSION}")
+    msg_type = data.get("type")
+    if not isinstance(msg_type, str) or msg_type not in SCHEMAS:
+        raise ProtocolError(f"unknown message type {msg_type!r}; known: {sorted(SCHEMAS)}")
+    schema = SCHEMAS[msg_type]
+    fields = {k: v for k, v in data.items() if k not in ("v", "type")}
+    if set(fields) != set(schema):
+        missing, extra = sorted(set(schema) - set(fields)), sorted(set(fields) - set(schema))
+        raise ProtocolError(f"{msg_type}: missing fields {missing}, unknown fields {extra}")
+    for key, kind in schema.items():
+        if not _kind_ok(fields[key], kind):
+            raise ProtocolError(f"{msg_type}: field {key!r} is not a valid {kind}")
+    _check_ranges(msg_type, fields)
+    expected = _payload_bytes(msg_type, fields)
+    payload = bytes(frames[1]) if len(frames) == 2 else None
+    if expected is None and payload is not None:
+        raise ProtocolError(f"{msg_type}: carries no payload, got {len(payload)} bytes")
+    if expected is not None and (payload is None or len(payload) != expected):
+        got = "none" if payload is None else f"{len(payload)} bytes"
+        raise ProtocolError(f"{msg_type}: payload must be {expected} bytes, got {got}")
+    return Message(msg_type, fields, payload)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"non-finite constant {name}")

@@ -13,8 +13,6 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,7 @@ from aggregator.evaluate import evaluate
 from aggregator.privacy import LedgerError, RecordEvent, UploadEvent
 from aggregator.privacy_book import PrivacyBook
 from aggregator.solver.calibration import smoothed_losses, uploads_to_target
-from edge_device.dp_trainer import RecordTrainer
-from edge_device.energy_meter import Measurement, make_meter
-from edge_device.trainer import LocalTrainer
-from edge_device.uplink import UplinkEncoder, UplinkSettings
+from edge_device.energy_meter import make_meter
 from radio.analog import n_symbols_for
 from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
@@ -40,6 +35,7 @@ from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import dump_yaml, load_experiment, load_hardware
 from testbed.data.datasets import Dataset, load_dataset
 from testbed.data.partition import iid_partition, noniid_partition
+from testbed.device_worker import DeviceWorker, LocalUpload, TrainingDiverged
 from testbed.faults import fault_point, log_air
 from testbed.interrupts import StopSignals
 from testbed.links import check_link_config, link_name, make_link
@@ -50,32 +46,16 @@ from testbed.protocol import UploadHeader
 from testbed.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
 from testbed.rundir import RunDir, RunDirError
-from testbed.schemes import resolve_uplinks
+from testbed.schemes import DeviceUplink, resolve_uplinks
 from testbed.seeding import Stream, experiment_generator, new_run_secret
+from testbed.stage_timer import StageTimer
+from testbed.upload_events import channel_fields, upload_event
 
-
-class TrainingDiverged(RuntimeError):
-    """Local training produced non-finite weights (the run ends with status 'diverged')."""
+__all__ = ["Experiment", "StageTimer", "TrainingDiverged", "run_experiment", "resume_experiment"]
 
 
 #: Called after every round with the round's metrics line.
 RoundCallback = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class StageTimer:
-    """Wall time per stage of a round (seconds)."""
-
-    totals: dict[str, float] = field(default_factory=dict)
-
-    def add(self, stage: str, seconds: float) -> None:
-        self.totals[stage] = self.totals.get(stage, 0.0) + seconds
-
-    def timed(self, stage: str, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
-        out = fn()
-        self.add(stage, time.perf_counter() - t0)
-        return out
 
 
 def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
@@ -103,6 +83,28 @@ def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
             n_classes=data.n_classes,
         )
     return data, parts
+
+
+def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
+    """The test set only (capped as configured): what an aggregator evaluates on."""
+    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
+    x_test, y_test = data.x_test, data.y_test
+    if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
+        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
+    empty_x = np.zeros((0, *x_test.shape[1:]), dtype=x_test.dtype)
+    return Dataset(data.name, empty_x, np.zeros(0, np.int64), x_test, y_test, data.n_classes)
+
+
+def device_settings(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+) -> tuple[list[DeviceUplink], list[RecordSettings | None]]:
+    """Every device's uplink and (record unit) record-level settings; the same on the
+    aggregator and on every edge agent."""
+    unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
+    if unit == "record":
+        pairs = resolve_record_uplinks(cfg, hw, d, dataset_sizes)
+        return [up for up, _ in pairs], [rs for _, rs in pairs]
+    return resolve_uplinks(cfg, hw, d), [None] * len(dataset_sizes)
 
 
 def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, float]:
@@ -137,6 +139,7 @@ class Experiment:
         *,
         progress: bool = False,
         on_round: RoundCallback | None = None,
+        dataset_sizes: list[int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.hw = hw
@@ -146,46 +149,29 @@ class Experiment:
         torch.set_num_threads(cfg.torch_threads)
         # energy.source: measured on a host without a power meter is refused here (exit 2)
         self.energy_meter = make_meter(cfg.energy.source, cfg.energy.e_comp_j)
-        self.data, self.parts = prepare_data(cfg)
-        input_shape = tuple(int(s) for s in self.data.x_train.shape[1:])
+        if dataset_sizes is None:  # in process: the data and every device live here
+            self.data, parts = prepare_data(cfg)
+            dataset_sizes = [len(p) for p in parts]
+        else:  # aggregator of a lab run: the test set only; the shards stay on the edges
+            self.data, parts = prepare_test_data(cfg), None
+        input_shape = tuple(int(s) for s in self.data.x_test.shape[1:])
         init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
         self.model = build_model(cfg.model, input_shape, init_seed)  # type: ignore[arg-type]
         self.d = n_params(self.model)
         #: ``"record"`` or ``"device"`` for a DP scheme, ``None`` without DP.
         self.unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
-        x, y = self.data.x_train, self.data.y_train
-        self.record: list[RecordSettings] = []
-        self.trainers: list[Any]
-        if self.unit == "record":
-            self.trainers = [
-                RecordTrainer(self.model, x[p], y[p], backend=cfg.privacy.per_example)
-                for p in self.parts
-            ]
-            pairs = resolve_record_uplinks(cfg, hw, self.d, [len(p) for p in self.parts])
-            self.uplinks = [up for up, _ in pairs]
-            self.record = [rs for _, rs in pairs]
-        else:
-            self.trainers = [LocalTrainer(self.model, x[p], y[p]) for p in self.parts]
-            self.uplinks = resolve_uplinks(cfg, hw, self.d)
+        self.uplinks, record = device_settings(cfg, hw, self.d, dataset_sizes)
+        self.record: list[RecordSettings] = [r for r in record if r is not None]
         self.run_secret = (rundir.path / "run_secret").read_text().strip()
-        self.encoders = [
-            UplinkEncoder(
-                UplinkSettings(
-                    # record unit: every example is clipped already; no update clipping
-                    clip_mode="none" if self.unit == "record" else cfg.clip.mode,
-                    clip_bound=cfg.clip.bound,
-                    alpha=up.alpha,
-                    mechanism=up.mechanism,
-                    sigma=up.sigma,
-                    l=up.l,
-                    levels=up.levels,
-                    quantizer_scale=up.quantizer_scale,
-                ),
-                self.d,
-                self.run_secret,
-            )
-            for up in self.uplinks
-        ]
+        #: Local training and encoding per device (empty on a lab aggregator).
+        self.workers: list[DeviceWorker] = []
+        if parts is not None:
+            x, y = self.data.x_train, self.data.y_train
+            self.workers = [
+                DeviceWorker(cfg, self.model, i, x[p], y[p], self.uplinks[i], record[i],
+                             self.run_secret, self.energy_meter)
+                for i, p in enumerate(parts)
+            ]
         self.book: PrivacyBook | None = None
         if self.unit is not None:
             if self.unit == "device" and cfg.privacy.accounting == "paper":
@@ -292,60 +278,12 @@ class Experiment:
         return fields
 
     def _event(self, i: int, t: int, state: ChannelState | None) -> UploadEvent | RecordEvent:
-        """The privacy event of device ``i``'s upload in round ``t`` given a channel state.
-
-        ``state=None`` (unknown channel, or a lost upload) credits no channel noise at all.
-        An estimated state is credited through its confidence bounds, whose failure
-        probability the event carries (``bound_failure_prob``: the ``n0`` lower and ``|h|``
-        upper bounds each fail with probability at most ``1 - confidence``).
-        """
-        up, cfg = self.uplinks[i], self.cfg
-        seen = state if up.trusted > 0 else None  # the state credited, if any
-        channel: dict[str, Any] = {
-            "alpha": float(up.alpha or 0.0),
-            "gain": float(np.sqrt(seen.credited_gain_power())) if seen else 0.0,
-            "n0": seen.noise_var_lower / 2.0 if seen else 0.0,
-            "trusted_channel_noise": up.trusted if seen else 0.0,
-            "d": self.d,
-            "l": up.l,
-            "bound_failure_prob": (
-                min(1.0, 2.0 * (1.0 - seen.confidence)) if seen and seen.estimated else 0.0
-            ),
-        }
-        if self.unit == "record":
-            rs = self.record[i]
-            per_step = rs.noise == "per-step"
-            if per_step or not rs.credit_channel:
-                channel |= {"gain": 0.0, "n0": 0.0, "trusted_channel_noise": 0.0}
-                channel["bound_failure_prob"] = 0.0
-            return RecordEvent(
-                round=t,
-                device=i,
-                steps=rs.steps,
-                sampling_rate=rs.sampling_rate,
-                amplified=rs.amplified,
-                example_clip=rs.example_clip,
-                expected_batch=rs.expected_batch,
-                dataset_size=rs.dataset_size,
-                sigma=(
-                    rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
-                    if per_step
-                    else up.sigma
-                ),
-                relation=rs.relation,
-                **channel,
-            )
-        return UploadEvent(
-            round=t,
-            device=i,
-            mechanism=up.mechanism,
-            sigma=up.sigma,
-            q=up.levels,
-            clip=cfg.clip.bound,
-            clip_mode=cfg.clip.mode,
-            quantizer_scale=up.quantizer_scale,
-            **channel,
-        )
+        """The privacy event of device ``i``'s upload in round ``t`` given a channel state
+        (``None``: unknown channel or a lost upload, no channel credit); see
+        :func:`testbed.upload_events.upload_event`."""
+        up = self.uplinks[i]
+        rs = self.record[i] if self.record else None
+        return upload_event(self.cfg, up, rs, i, t, channel_fields(state, up, self.d))
 
     def _gate(
         self, t: int, link: Link, skip: set[int]
@@ -393,33 +331,13 @@ class Experiment:
             if event is None:
                 per_device.append({"device": i, "transmitted": False})
                 continue
-            mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
-            with self.energy_meter.measure() as comp:
-                local = timer.timed("train", partial(self._train, i, mb_rng))
-            # A record-level round whose Poisson batches were all empty has no loss (nan).
-            no_examples = self.unit == "record" and int(np.sum(local.batch_sizes)) == 0
-            if not (
-                (np.isfinite(local.mean_loss) or no_examples)
-                and np.all(np.isfinite(local.differential))
-            ):
-                raise TrainingDiverged(f"device {i} round {t}: non-finite loss or update")
-            if np.isfinite(local.mean_loss):
-                losses.append(local.mean_loss)
-            q_rng = experiment_generator(cfg.seed, Stream.QUANTIZER, i, t)
-            upload = timer.timed(
-                "encode",
-                partial(
-                    self.encoders[i].encode,
-                    local.differential,
-                    device=i,
-                    round_index=t,
-                    quant_rng=q_rng,
-                ),
-            )
+            local = self.workers[i].update(self.w, t, timer)
+            if np.isfinite(local.train_loss):
+                losses.append(local.train_loss)
             stop.check()  # a requested stop never lets another upload go on air
             with stop.critical():
-                info, g_hat = self._transmit(t, i, event, upload, link, ch_rngs[i], timer, comp)
-                info["train_loss"] = local.mean_loss
+                info, g_hat = self._transmit(t, i, event, local, link, ch_rngs[i], timer)
+                info["train_loss"] = local.train_loss
                 self.rundir.save_inflight(t, i, g_hat, info)
                 fault_point("after_inflight")
             if g_hat is not None:
@@ -447,35 +365,15 @@ class Experiment:
         line["wall_s"]["round"] = round(time.perf_counter() - t0, 6)
         return line
 
-    def _train(self, i: int, rng: np.random.Generator) -> Any:
-        """Device ``i``'s local training of this round from the global model."""
-        cfg = self.cfg
-        if self.unit != "record":
-            return self.trainers[i].train(
-                self.w, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, rng=rng
-            )
-        rs = self.record[i]
-        return self.trainers[i].train(
-            self.w,
-            steps=cfg.local_steps,
-            expected_batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            example_clip=rs.example_clip,
-            noise_multiplier=rs.step_noise_multiplier,
-            secure_sampling=rs.amplified,
-            rng=None if rs.amplified else rng,
-        )
-
     def _transmit(
         self,
         t: int,
         i: int,
         gated: UploadEvent | RecordEvent,
-        upload: Any,
+        local: LocalUpload,
         link: Link,
         rng: np.random.Generator,
         timer: StageTimer,
-        comp: Measurement,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         """Journal, transmit, record and decode device ``i``'s upload of round ``t``.
 
@@ -484,11 +382,36 @@ class Experiment:
         """
         nonce = self.book.begin(gated) if self.book is not None else None
         fault_point("after_intent")
+        return self._receive(
+            t, i, nonce, local.upload.header, local.upload.symbols, local.upload.symbol_energy,
+            local.comp.energy_j, local.comp.source, link, rng, timer,
+        )
+
+    def _receive(
+        self,
+        t: int,
+        i: int,
+        nonce: str | None,
+        header: UploadHeader,
+        symbols: np.ndarray,
+        symbol_energy: float,
+        energy_comp_j: float,
+        energy_comp_source: str,
+        link: Link,
+        rng: np.random.Generator,
+        timer: StageTimer,
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
+        """Carry device ``i``'s symbols over the link, record the upload under the intent
+        ``nonce`` (journalled before the air) and decode it.
+
+        Returns its metrics entry and decoded differential (``None`` when lost). A dead
+        link raises :class:`LinkFailed` after the upload is recorded without channel credit.
+        """
         log_air(i, t, nonce)
         try:
             reception = timer.timed(
                 "link",
-                lambda: link.transmit(device=i, round_index=t, symbols=upload.symbols, rng=rng),
+                lambda: link.transmit(device=i, round_index=t, symbols=symbols, rng=rng),
             )
         except LinkError as exc:
             # It may have gone on air: it counts for privacy, with no channel credit.
@@ -499,30 +422,27 @@ class Experiment:
                 raise
             return {"device": i, "transmitted": True, "lost": True, "error": str(exc)}, None
         fault_point("after_transmit")
-        info: dict[str, Any] = dict(reception_metrics(reception, upload.symbols))
+        info: dict[str, Any] = dict(reception_metrics(reception, symbols))
         info["device"] = i
         info["transmitted"] = True
+        self.last_reception_state = reception.state
         if self.book is not None:
             assert nonce is not None
             self.book.commit(self._event(i, t, reception.state), nonce)
             fault_point("after_commit")
             for name, result in self.book.epsilon(i).items():
                 info[f"epsilon_{name}"] = result.epsilon
-        g_hat = timer.timed(
-            "decode", lambda: decode_differential(reception, upload.header, self._mask)
-        )
+        g_hat = timer.timed("decode", lambda: decode_differential(reception, header, self._mask))
         cfg = self.cfg
         if self.unit != "record" and cfg.project_decoded and cfg.clip.mode == "coordinate":
             up = self.uplinks[i]
             g_hat = project_coordinates(
                 g_hat, (self.d / up.l) * self.cfg.clip.bound / np.sqrt(self.d)
             )
-        info["energy_comm_j"] = (
-            upload.symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
-        )
-        info["energy_comp_j"] = comp.energy_j  # J, this device's local training
-        info["energy_comp_source"] = comp.source
-        info["alpha"] = upload.header.alpha
+        info["energy_comm_j"] = symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
+        info["energy_comp_j"] = energy_comp_j  # J, this device's local training
+        info["energy_comp_source"] = energy_comp_source
+        info["alpha"] = header.alpha
         info["sigma"] = self.uplinks[i].sigma
         return info, g_hat
 

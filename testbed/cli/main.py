@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_radio",
     "testbed.cli.cmd_plan",
     "testbed.cli.cmd_calibrate",
+    "testbed.cli.cmd_keys",
 )
 
 

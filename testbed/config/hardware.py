@@ -13,7 +13,9 @@ Sections (all optional, defaults shown in ``hw_configs/sim.yaml``):
     The channel-emulator flowgraph process (seeds, interpreter, start-up limit).
 ``usrp``
     Device arguments, frequency, gains, power limit, clock and time source of a
-    USRP (N210 + WBX in the paper's lab).
+    USRP (N210 + WBX in the paper's lab). ``usrp.tx_args`` is the one transmitter of the
+    single-process ``usrp`` link; ``usrp.devices`` lists each edge device's own
+    transmitter for the lab split (one edge process per Jetson, :func:`device_radio`).
 
 Types are strict as in :mod:`testbed.config.experiment`: no booleans or strings for
 numbers, no integers for booleans, every number finite. Rates and powers have upper bounds
@@ -28,9 +30,20 @@ sections, e.g. ``--hw-set waveform.speed_kmh=20``); see
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from testbed.config.errors import ConfigError
+
+#: Largest device id a hardware config may name.
+MAX_DEVICE_ID = 65535
+#: UHD device-args keys that identify one USRP (two args sharing one of these values name
+#: the same device).
+IDENTITY_KEYS = ("addr", "serial", "name", "resource")
+#: Time sources that give every USRP the same time (a shared PPS, the MIMO cable, GPS).
+SHARED_TIME_SOURCES = ("external", "mimo", "gpsdo")
 
 
 class _Strict(BaseModel):
@@ -87,8 +100,77 @@ class GnuradioSection(_Strict):
     startup_timeout_s: float = Field(60.0, gt=0, le=600)
 
 
+def parse_device_args(args: str) -> dict[str, str]:
+    """UHD device args ``"addr=192.168.10.11, type=usrp2"`` as a mapping.
+
+    Keys are lower-cased; surrounding spaces are dropped.
+
+    Raises
+    ------
+    ValueError
+        A comma-separated part that is not ``key=value``.
+    """
+    out: dict[str, str] = {}
+    for part in args.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"'{part.strip()}' is not key=value")
+        out[key.strip().lower()] = value.strip()
+    return out
+
+
+def same_usrp(a: str, b: str) -> bool:
+    """Whether two device args certainly name the same USRP.
+
+    True when they share a value of an identifying key (``addr``, ``serial``, ``name``,
+    ``resource``) or are equal once parsed; args that cannot be compared (``addr=`` vs
+    ``serial=``) are taken as different.
+    """
+    try:
+        da, db = parse_device_args(a), parse_device_args(b)
+    except ValueError:
+        return a.strip() == b.strip()
+    if da == db:
+        return True
+    return any(k in da and k in db and da[k] == db[k] for k in IDENTITY_KEYS)
+
+
+class DeviceRadioEntry(_Strict):
+    """One edge device's own transmitter (an entry of ``usrp.devices``)."""
+
+    device: int = Field(ge=0, le=MAX_DEVICE_ID, description="the edge's --device-id")
+    tx_args: str = Field(
+        min_length=1, max_length=512, description="UHD args of this device's USRP"
+    )
+    tx_gain_db: float = Field(ge=0, le=31.5, description="WBX TX gain (dB)")
+    tx_antenna: str = Field("TX/RX", min_length=1, max_length=64)
+    max_tx_power_w: float = Field(gt=0, le=0.1, description="this radio's maximum output (W)")
+    tx_power_ref_w: float | None = Field(
+        None, gt=0, le=100,
+        description="W radiated by a unit-power stream; null: the top-level tx_power_ref_w",
+    )
+
+    @field_validator("tx_args")
+    @classmethod
+    def _names_one_usrp(cls, v: str) -> str:
+        try:
+            parsed = parse_device_args(v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; allowed: UHD device args such as addr=192.168.10.11") \
+                from None
+        if not any(k in parsed for k in IDENTITY_KEYS):
+            raise ValueError(
+                "must name one USRP with one of "
+                f"{', '.join(k + '=' for k in IDENTITY_KEYS)} (e.g. addr=192.168.10.11); "
+                "args without one let UHD pick any device"
+            )
+        return v
+
+
 class UsrpSection(_Strict):
-    """One USRP transmitter and one receiver (lab over the air, darkroom)."""
+    """The receiver, the single-process link's transmitter, and each device's transmitter."""
 
     tx_args: str = Field("addr=192.168.10.2", description="UHD device args of the transmitter")
     rx_args: str = Field("addr=192.168.10.3", description="UHD device args of the receiver")
@@ -104,6 +186,10 @@ class UsrpSection(_Strict):
     time_source: Literal["internal", "external", "mimo", "gpsdo", "none"] = "internal"
     burst_lead_s: float = Field(0.05, gt=0, le=10, description="tx_time ahead of now (s)")
     capture_margin_s: float = Field(0.02, ge=0, le=10, description="RX capture margin (s)")
+    devices: list[DeviceRadioEntry] = Field(
+        default_factory=list, max_length=1024,
+        description="one transmitter per edge device (lab split); empty: usrp.tx_args",
+    )
 
 
 class HardwareConfig(_Strict):
@@ -151,7 +237,195 @@ class HardwareConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _devices(self) -> HardwareConfig:
+        problems = device_entry_problems(self)
+        if problems:
+            raise ValueError("\nhardware config: ".join(problems))
+        return self
+
     @property
     def sample_rate_hz(self) -> float:
         """Sample rate of the waveform links (Hz)."""
         return self.symbol_rate_hz * self.waveform.samples_per_symbol
+
+
+def device_entry_problems(hw: HardwareConfig) -> list[str]:
+    """Cross-checks of ``usrp.devices``; one message per problem (empty: all fine).
+
+    Each device id and each USRP appears once, no device transmits with the aggregator's
+    receiver, and (on the ``usrp`` link) each device's reference power is within its
+    radio's maximum. Messages name the key path, the value and what is allowed.
+    """
+    problems: list[str] = []
+    entries = hw.usrp.devices
+    for i, e in enumerate(entries):
+        key = f"usrp.devices[{i}]"
+        for j, prev in enumerate(entries[:i]):
+            if e.device == prev.device:
+                problems.append(
+                    f"{key}.device: got {e.device}; already used by usrp.devices[{j}]; "
+                    "allowed: one entry per device id"
+                )
+            if same_usrp(e.tx_args, prev.tx_args):
+                problems.append(
+                    f"{key}.tx_args: got '{e.tx_args}', the same USRP as "
+                    f"usrp.devices[{j}].tx_args '{prev.tx_args}' (device {prev.device}); "
+                    "allowed: a USRP of its own per device (distinct addr= or serial=)"
+                )
+        if same_usrp(e.tx_args, hw.usrp.rx_args):
+            problems.append(
+                f"{key}.tx_args: got '{e.tx_args}', the aggregator's receiver "
+                f"(usrp.rx_args '{hw.usrp.rx_args}'); allowed: a USRP other than the receiver"
+            )
+        ref = e.tx_power_ref_w if e.tx_power_ref_w is not None else hw.tx_power_ref_w
+        if hw.link == "usrp" and ref > e.max_tx_power_w:
+            where = (f"{key}.tx_power_ref_w" if e.tx_power_ref_w is not None
+                     else f"tx_power_ref_w (top level, inherited by {key})")
+            problems.append(
+                f"{where}: got {ref} W; device {e.device}'s radio allows at most "
+                f"{key}.max_tx_power_w = {e.max_tx_power_w} W"
+            )
+    return problems
+
+
+@dataclass(frozen=True)
+class DeviceRadio:
+    """The effective transmitter settings of one edge device.
+
+    Attributes
+    ----------
+    device
+        Device id.
+    key
+        Where the settings come from: ``usrp.devices[i]``, or ``usrp.tx_args`` when the
+        config lists no devices (the single-process link's transmitter).
+    tx_args, tx_gain_db, tx_antenna
+        UHD device args, TX gain (dB), antenna port.
+    max_tx_power_w
+        Most this radio may radiate (W).
+    tx_power_ref_w
+        Power (W) radiated by a unit-average-power symbol stream at ``tx_gain_db``.
+    center_freq_hz, sample_rate_hz, symbol_rate_hz
+        Carrier (Hz), sample rate (S/s) and symbol rate (symbols/s) shared by all devices.
+    tx_amplitude
+        DAC scale of a unit-power stream.
+    clock_source, time_source
+        Reference inputs of the USRP (``external``/``mimo``/``gpsdo`` time: shared).
+    burst_lead_s
+        Default lead of a burst ahead of the USRP's current time (s).
+    python
+        Interpreter with GNU Radio and UHD.
+    """
+
+    device: int
+    key: str
+    tx_args: str
+    tx_gain_db: float
+    tx_antenna: str
+    max_tx_power_w: float
+    tx_power_ref_w: float
+    center_freq_hz: float
+    sample_rate_hz: float
+    symbol_rate_hz: float
+    tx_amplitude: float
+    clock_source: str
+    time_source: str
+    burst_lead_s: float
+    python: str
+
+    @property
+    def from_fallback(self) -> bool:
+        """``True`` when no ``usrp.devices`` entry exists and ``usrp.tx_args`` stands in."""
+        return not self.key.startswith("usrp.devices")
+
+    @property
+    def shared_time(self) -> bool:
+        """Whether the time source aligns this USRP with the others (PPS, MIMO, GPS)."""
+        return self.time_source in SHARED_TIME_SOURCES
+
+
+def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
+    """The effective transmitter settings of ``device``.
+
+    With ``usrp.devices`` listed, the device's entry (its ``tx_power_ref_w`` defaults to
+    the top-level one); without, every device gets the ``usrp`` section's transmitter.
+
+    Raises
+    ------
+    ConfigError
+        ``device`` is negative, or ``usrp.devices`` is listed without an entry for it (the
+        message names the configured ids).
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ConfigError(f"device id: got {device!r}; allowed: an integer >= 0")
+    u = hw.usrp
+    shared: dict[str, Any] = {
+        "center_freq_hz": hw.center_freq_hz, "sample_rate_hz": hw.sample_rate_hz,
+        "symbol_rate_hz": hw.symbol_rate_hz, "tx_amplitude": u.tx_amplitude,
+        "clock_source": u.clock_source, "time_source": u.time_source,
+        "burst_lead_s": u.burst_lead_s, "python": hw.gnuradio.python,
+    }
+    if not u.devices:
+        return DeviceRadio(
+            device=device, key="usrp.tx_args", tx_args=u.tx_args, tx_gain_db=u.tx_gain_db,
+            tx_antenna=u.tx_antenna, max_tx_power_w=u.max_tx_power_w,
+            tx_power_ref_w=hw.tx_power_ref_w, **shared,
+        )
+    for i, e in enumerate(u.devices):
+        if e.device == device:
+            ref = e.tx_power_ref_w if e.tx_power_ref_w is not None else hw.tx_power_ref_w
+            return DeviceRadio(
+                device=device, key=f"usrp.devices[{i}]", tx_args=e.tx_args,
+                tx_gain_db=e.tx_gain_db, tx_antenna=e.tx_antenna,
+                max_tx_power_w=e.max_tx_power_w, tx_power_ref_w=ref, **shared,
+            )
+    ids = ", ".join(str(e.device) for e in u.devices)
+    raise ConfigError(
+        f"device {device}: hardware config '{hw.name}' has no usrp.devices entry for it "
+        f"(configured device ids: {ids}); add one with its own tx_args"
+    )
+
+
+@dataclass(frozen=True)
+class ReceiverRadio:
+    """The aggregator's receiver settings (``usrp.rx_*`` and the shared radio settings).
+
+    Attributes
+    ----------
+    rx_args, rx_gain_db, rx_antenna
+        UHD device args, RX gain (dB), antenna port.
+    center_freq_hz, sample_rate_hz
+        Carrier (Hz) and sample rate (S/s).
+    clock_source, time_source
+        Reference inputs of the USRP.
+    python
+        Interpreter with GNU Radio and UHD.
+    ring_seconds
+        Received samples kept in memory (s); a round's TDMA schedule must fit.
+    """
+
+    rx_args: str
+    rx_gain_db: float
+    rx_antenna: str
+    center_freq_hz: float
+    sample_rate_hz: float
+    clock_source: str
+    time_source: str
+    python: str
+    ring_seconds: float = 4.0
+
+    @property
+    def shared_time(self) -> bool:
+        """Whether the time source aligns this USRP with the devices' (PPS, MIMO, GPS)."""
+        return self.time_source in SHARED_TIME_SOURCES
+
+
+def receiver_radio(hw: HardwareConfig) -> ReceiverRadio:
+    """The aggregator's receiver settings of a hardware config."""
+    u = hw.usrp
+    return ReceiverRadio(
+        rx_args=u.rx_args, rx_gain_db=u.rx_gain_db, rx_antenna=u.rx_antenna,
+        center_freq_hz=hw.center_freq_hz, sample_rate_hz=hw.sample_rate_hz,
+        clock_source=u.clock_source, time_source=u.time_source, python=hw.gnuradio.python,
+    )

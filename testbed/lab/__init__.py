@@ -1,0 +1,1 @@
+"""Lab deployment: aggregator and edge processes, their keys and control plane."""

@@ -91,6 +91,7 @@ class PrivacyBook:
         self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
         self.intents_path = intents_path(ledger_path)
         self._recover_intents()
+        self._nonces = {e.nonce for e in self.ledger.entries() if e.nonce is not None}
         self.accountants: dict[str, Any] = {}
         for name in ACCOUNTINGS[unit]:
             if unit == "device":
@@ -120,8 +121,16 @@ class PrivacyBook:
         """Record every intent whose nonce has no ledger entry (it may have gone on air)."""
         recorded = {entry.nonce for entry in self.ledger.entries()}
         self.recovered: list[Any] = []
-        for number, data in enumerate(read_jsonl(self.intents_path), start=1):
+        lines = read_jsonl(self.intents_path)
+        cancelled = {
+            d.get("nonce") for d in lines if isinstance(d, dict) and d.get("cancelled") is True
+        }
+        for number, data in enumerate(lines, start=1):
+            if isinstance(data, dict) and data.get("cancelled") is True:
+                continue
             nonce = data.get("nonce") if isinstance(data, dict) else None
+            if nonce in cancelled:
+                continue  # it never went on air (the device said so before it could)
             if not isinstance(nonce, str) or not isinstance(data.get("event"), dict):
                 raise EventError(
                     f"{self.intents_path}: line {number} is not an intent (nonce + event)"
@@ -141,19 +150,43 @@ class PrivacyBook:
             # Every intent now has its record: start the journal afresh (atomic).
             atomic_write_bytes(self.intents_path, b"")
 
-    def begin(self, event: Any) -> str:
+    def begin(self, event: Any, nonce: str | None = None) -> str:
         """Durably note that ``event``'s device is about to transmit (before the air).
 
-        Returns the nonce that :meth:`commit` must be given for this transmission.
+        ``nonce``: the transmission's id when a peer chose it (a lab aggregator authorizes
+        each upload under a fresh nonce, and the edge journals it under the same one); by
+        default a fresh random one. Returns the nonce that :meth:`commit` must be given.
         """
-        nonce = secrets.token_hex(16)
+        nonce = secrets.token_hex(16) if nonce is None else nonce
+        if nonce in self._nonces:
+            raise LedgerError(f"nonce {nonce} is already in the ledger (a replay)")
         append_jsonl(self.intents_path, {"nonce": nonce, "event": event.to_dict()})
         return nonce
+
+    def cancel(self, nonce: str) -> None:
+        """Durably withdraw an intent whose upload never went on air (the device refused
+        before transmitting). Only for an intent that has no ledger record."""
+        if nonce in self._nonces:
+            raise LedgerError(f"nonce {nonce} is recorded; a recorded upload is never withdrawn")
+        append_jsonl(self.intents_path, {"nonce": nonce, "cancelled": True})
+
+    def nonces(self) -> set[str]:
+        """Nonces of every recorded upload."""
+        return set(self._nonces)
+
+    def entries_by_nonce(self) -> dict[str, Any]:
+        """Every recorded event by its nonce."""
+        return {e.nonce: e.event for e in self.ledger.entries() if e.nonce is not None}
+
+    def entries(self, device: int) -> list[tuple[str | None, Any]]:
+        """``(nonce, event)`` of every recorded upload of ``device``, in ledger order."""
+        return [(e.nonce, e.event) for e in self.ledger.entries() if e.event.device == device]
 
     def commit(self, event: Any, nonce: str) -> None:
         """Record the upload with the credited channel state (after reception): append it
         durably under the transmission's ``nonce``, then compose it in every accountant."""
         self.ledger.append(event, nonce)
+        self._nonces.add(nonce)
         self._compose(event)
 
     def epsilon(self, device: int) -> dict[str, Any]:

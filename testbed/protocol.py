@@ -90,22 +90,20 @@ class ProtocolError(ValueError):
 
 #: Field kinds of each message type; every field is required, no other field is allowed.
 SCHEMAS: dict[str, dict[str, str]] = {
-    # edge -> aggregator: join (or rejoin) with what the edge already recorded
-    "hello": {
-        "device": _INT,
-        "instance": _STR,  # random per edge process start
-        "dataset_size": _INT,
-        "nonces": _LIST,  # nonces in the edge's ledger and open intents
-    },
-    # aggregator -> edge: the run it joins
+    # edge -> aggregator: join (or rejoin)
+    "hello": {"device": _INT, "instance": _STR},
+    # aggregator -> edge: the run it joins (config, and the secret masks derive from)
     "welcome": {
         "device": _INT,
         "run_id": _STR,
         "config_yaml": _STR,
         "mask_secret": _STR,  # sparsification masks derive from it; only sent here
-        "events": _LIST,  # [{"nonce": str, "event": dict}] the aggregator recorded for it
         "next_round": _INT,
     },
+    # edge -> aggregator: set up; its shard size and the nonces its ledger holds
+    "ready": {"device": _INT, "instance": _STR, "dataset_size": _INT, "nonces": _LIST},
+    # aggregator -> edge: every upload the aggregator recorded for it (ledger reconciliation)
+    "sync": {"device": _INT, "events": _LIST},
     # aggregator -> edge: train from this model (payload) and upload in this slot
     "round": {
         "device": _INT,
@@ -140,6 +138,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
 PAYLOADS: dict[str, str | None] = {
     "hello": None,
     "welcome": None,
+    "ready": None,
+    "sync": None,
     "round": "float64",
     "upload": "complex128",
     "ack": None,
@@ -219,9 +219,9 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
         raise ProtocolError(f"{msg_type}: deadline_s {fields['deadline_s']} outside (0, 86400]")
     if "nonce" in fields and not (0 < len(fields["nonce"]) <= 128):
         raise ProtocolError(f"{msg_type}: nonce of length {len(fields['nonce'])}")
-    if msg_type == "hello" and not all(isinstance(n, str) for n in fields["nonces"]):
-        raise ProtocolError("hello: nonces must be strings")
-    if msg_type == "welcome":
+    if msg_type == "ready" and not all(isinstance(n, str) for n in fields["nonces"]):
+        raise ProtocolError("ready: nonces must be strings")
+    if msg_type == "sync":
         for item in fields["events"]:
             if not (
                 isinstance(item, dict)
@@ -229,7 +229,7 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
                 and isinstance(item["nonce"], str)
                 and isinstance(item["event"], dict)
             ):
-                raise ProtocolError("welcome: events must be {nonce: str, event: dict} items")
+                raise ProtocolError("sync: events must be {nonce: str, event: dict} items")
 
 
 def encode(msg_type: str, fields: dict[str, Any], payload: bytes | None = None) -> list[bytes]:

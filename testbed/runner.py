@@ -343,6 +343,20 @@ class Experiment:
             if g_hat is not None:
                 decoded.append(g_hat)
             per_device.append(info)
+        return self._close_round(t, decoded, losses, per_device, timer, t0)
+
+    def _close_round(
+        self,
+        t: int,
+        decoded: list[np.ndarray],
+        losses: list[float],
+        per_device: list[dict[str, Any]],
+        timer: StageTimer,
+        t0: float,
+    ) -> dict[str, Any]:
+        """Aggregate round ``t``'s decoded differentials, evaluate, and build its metrics
+        line (``per_device``: one entry per device, in device order)."""
+        cfg = self.cfg
         self.w = timer.timed(
             "aggregate", lambda: global_update(self.w, average(decoded, cfg.devices), cfg.lr)
         )
@@ -415,9 +429,10 @@ class Experiment:
             )
         except LinkError as exc:
             # It may have gone on air: it counts for privacy, with no channel credit.
+            self.last_committed = self._event(i, t, None)
             if self.book is not None:
                 assert nonce is not None
-                self.book.commit(self._event(i, t, None), nonce)
+                self.book.commit(self.last_committed, nonce)
             if isinstance(exc, LinkFailed):
                 raise
             return {"device": i, "transmitted": True, "lost": True, "error": str(exc)}, None
@@ -425,10 +440,11 @@ class Experiment:
         info: dict[str, Any] = dict(reception_metrics(reception, symbols))
         info["device"] = i
         info["transmitted"] = True
-        self.last_reception_state = reception.state
+        committed = self._event(i, t, reception.state)
+        self.last_committed = committed
         if self.book is not None:
             assert nonce is not None
-            self.book.commit(self._event(i, t, reception.state), nonce)
+            self.book.commit(committed, nonce)
             fault_point("after_commit")
             for name, result in self.book.epsilon(i).items():
                 info[f"epsilon_{name}"] = result.epsilon

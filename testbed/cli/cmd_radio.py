@@ -27,10 +27,11 @@ from radio.flowgraph_process import (
     gnuradio_available,
 )
 from radio.link import LinkError, LinkFailed
+from radio.tdma import BURST_START_JITTER_S, slot_guard_s
 from radio.uhd_probe import find_usrps
 from radio.units import linear_to_db
 from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import HardwareConfig
+from testbed.config.hardware import DeviceRadio, HardwareConfig, device_radio
 from testbed.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.links import make_link, waveform_params
 
@@ -112,6 +113,64 @@ def _check_devices(
     return checks, opened
 
 
+#: Example control-plane offset uncertainty (s) shown by ``check``: half a 1 ms LAN RTT.
+_EXAMPLE_UNCERTAINTY_S = 0.5e-3
+
+
+def _edge_row(r: DeviceRadio, hw: HardwareConfig, open_device: bool) -> dict[str, Any]:
+    """One edge device's transmitter: its entry's values, and its USRP when asked."""
+    detail = (f"{r.key}: tx '{r.tx_args}', gain {r.tx_gain_db:g} dB, antenna {r.tx_antenna}, "
+              f"unit-power stream {r.tx_power_ref_w:g} W <= max {r.max_tx_power_w:g} W")
+    if not open_device:
+        return _check(f"edge device {r.device}", OK, detail + "; not opened")
+    res = find_usrps(r.tx_args, python=hw.gnuradio.python)
+    if res.devices:
+        found = ", ".join(f"{k}={v}" for k, v in res.devices[0].items())
+        return _check(f"edge device {r.device}", OK, f"{detail}; found {found}")
+    why = res.message or "UHD found no device"
+    return _check(f"edge device {r.device}", FAIL,
+                  f"no USRP found for '{r.tx_args}' ({why}); {detail}")
+
+
+def _edge_checks(
+    hw: HardwareConfig, device: int | None, open_devices: bool
+) -> tuple[list[dict[str, Any]], DeviceRadio | None]:
+    """The lab split's checks: each device's transmitter, the set of them, the TDMA guard.
+
+    Entries are validated when the config loads (ids and USRPs distinct, none the receiver,
+    power within each radio's maximum); these rows show the result. Only ``device`` (this
+    host's, with ``--device``) is ever looked for, and only with ``open_devices``.
+    """
+    u = hw.usrp
+    if device is not None:
+        r = device_radio(hw, device)
+        return [_edge_row(r, hw, open_devices)], r
+    rows = [_edge_row(device_radio(hw, e.device), hw, False) for e in u.devices]
+    ids = sorted(e.device for e in u.devices)
+    if not ids:
+        rows.append(_check("edge devices", OK, (
+            f"no usrp.devices: usrp.tx_args '{u.tx_args}' serves the single-process link "
+            "and an edge with --device-id 0 only; list one entry per device for the lab split")))
+    else:
+        gaps = sorted(set(range(ids[-1] + 1)) - set(ids))
+        note = (f"; no entry for device(s) {', '.join(map(str, gaps))} (their edges refuse "
+                "to start)") if gaps else ""
+        rows.append(_check("edge devices", OK, (
+            f"{len(ids)} devices (ids {', '.join(map(str, ids))}), each with its own USRP, "
+            f"none the receiver '{u.rx_args}'{note}; on device host I: testbed radio check "
+            "CONFIG --device I --open-devices")))
+    guard = slot_guard_s(_EXAMPLE_UNCERTAINTY_S, u.time_source)
+    if u.time_source in ("external", "mimo", "gpsdo"):
+        text = (f"time_source {u.time_source}: shared reference, every USRP latches the host's "
+                f"second at a PPS edge; fixed guard {1e3 * guard:.2f} ms per side")
+    else:
+        text = (f"time_source {u.time_source}: no shared reference; guard >= 2 x control-plane "
+                f"offset uncertainty + {1e3 * BURST_START_JITTER_S:.2f} ms jitter "
+                f"({1e3 * guard:.2f} ms at a 1 ms RTT)")
+    rows.append(_check("tdma guard", OK, text))
+    return rows, None
+
+
 def _check(what: str, status: str, detail: str) -> dict[str, Any]:
     """One check result; ``ok`` is ``None`` for a device deliberately not opened."""
     return {"check": what, "status": status, "ok": {OK: True, FAIL: False}.get(status),
@@ -157,18 +216,26 @@ def cmd_check(args: argparse.Namespace) -> int:
         checks.append(_check("sample_rate", OK if ok else FAIL,
                              f"100 MS/s / {decim:g}" + ("" if ok else " is not an integer")))
     opened: dict[str, bool] = {}
-    if hw.link == "usrp":
+    edge: DeviceRadio | None = None
+    if hw.link == "usrp" and args.device is None:
         device_checks, opened = _check_devices(hw, args.open_devices)
         checks += device_checks
+    if hw.link == "usrp" or args.device is not None:
+        edge_rows, edge = _edge_checks(hw, args.device, args.open_devices and hw.link == "usrp")
+        checks += edge_rows
+        if edge is not None:
+            opened["tx"] = args.open_devices and edge_rows[0]["status"] == OK
     ok_gr, version = gnuradio_available(hw.gnuradio.python)
     checks.append(_check("gnuradio", OK if ok_gr else FAIL, version))
     if ok_gr and wf is not None:
         names = ["channel_emulator"] + (["tx", "rx"] if hw.link == "usrp" else [])
         u = hw.usrp
+        tx_args, tx_gain = (u.tx_args, u.tx_gain_db) if edge is None else (
+            edge.tx_args, edge.tx_gain_db)
         extra = {
             "channel_emulator": ["--samp-rate", repr(wf.sample_rate_hz)],
-            "tx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", u.tx_args,
-                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(u.tx_gain_db)],
+            "tx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", tx_args,
+                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(tx_gain)],
             "rx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", u.rx_args,
                    "--center-freq", repr(hw.center_freq_hz), "--gain", repr(u.rx_gain_db)],
         }
@@ -187,13 +254,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     dev_args = {"tx": hw.usrp.tx_args, "rx": hw.usrp.rx_args}
     missing = [f"{role} ('{dev_args[role]}')" for role in dev_args
                if any(c["check"] == f"device {role}" and c["status"] == FAIL for c in checks)]
+    if edge is not None and any(c["check"] == f"edge device {edge.device}"
+                                and c["status"] == FAIL for c in checks):
+        missing.append(f"device {edge.device} ('{edge.tx_args}')")
     if missing:
         lines.append(f"no device found: no USRP for {', '.join(missing)} "
                      "(see 'testbed radio probe')")
     elif any(c["status"] == NOT_OPENED for c in checks):
         lines.append("devices not opened; pass --open-devices to look for the USRPs")
     _emit({"hw_config": hw.name, "link": hw.link, "ok": ok_all, "checks": checks,
-           "devices_opened": bool(args.open_devices)},
+           "devices_opened": bool(args.open_devices), "device": args.device},
           args.json, lines)
     return 0 if ok_all else 1
 
@@ -364,6 +434,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--open-devices", action="store_true",
         help="look for the config's USRPs (UHD discovery: sends packets to the device "
         "addresses) and build tx/rx with them; default: null blocks stand in, no UHD call",
+    )
+    c.add_argument(
+        "--device", type=int, default=None, metavar="I",
+        help="check device I's usrp.devices entry only (run on device host I; with "
+        "--open-devices looks for its USRP alone and builds tx with its args)",
     )
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=cmd_check)

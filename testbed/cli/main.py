@@ -22,6 +22,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_plan",
     "testbed.cli.cmd_calibrate",
     "testbed.cli.cmd_keys",
+    "testbed.cli.cmd_aggregator",
+    "testbed.cli.cmd_edge",
+    "testbed.cli.cmd_launch",
 )
 
 

@@ -1,0 +1,113 @@
+"""``testbed aggregator``: the aggregator process of a lab run (see ``docs/lab.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.config.loader import ConfigError, load_experiment, load_hardware
+
+
+def positive_seconds(flag: str) -> Any:
+    """argparse type: a finite number of seconds > 0 (the error names ``flag``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            msg = f"{flag}: got {text!r}; allowed: seconds > 0"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not (0 < value < 1e6):
+            raise argparse.ArgumentTypeError(
+                f"{flag}: got {text!r}; allowed: 0 < seconds < 1e6"
+            )
+        return value
+
+    return parse
+
+
+def setup_logging() -> None:
+    """One line per event on stderr."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+
+
+def register(sub: Any) -> None:
+    """Add the ``aggregator`` subcommand."""
+    p = sub.add_parser(
+        "aggregator",
+        help="run a lab run's aggregator (edges join over CurveZMQ)",
+        description=(
+            "Bind the authenticated control plane, wait for every device's `testbed edge` to "
+            "join, then run the rounds into a run directory (the same files as `testbed run`). "
+            "Only devices whose public keys are in KEYS/allowed get through. Exit codes as "
+            "`testbed run`."
+        ),
+    )
+    p.add_argument("config", nargs="?", help="experiment YAML (not with --resume)")
+    p.add_argument("--bind", required=True, metavar="tcp://ADDR:PORT",
+                   help="control endpoint (port * picks a free one)")
+    p.add_argument("--keys", type=Path, required=True, metavar="DIR",
+                   help="aggregator.key, aggregator.key_secret and allowed/ (testbed keys)")
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
+                   metavar="KEY=VALUE")
+    p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0,
+                   help="seconds a round waits for uploads before closing without a device")
+    p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,
+                   help="seconds to wait for every device to join")
+    p.add_argument("--endpoint-file", type=Path, help="write the bound endpoint here")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from testbed.lab.aggregator import serve
+    from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.outcome import outcome_line
+    from testbed.rundir import RunDirError, default_run_path, dumps
+
+    setup_logging()
+    progress = not args.no_progress and sys.stderr.isatty()
+    try:
+        if args.resume is not None:
+            if args.config or args.overrides or args.out or args.hw_overrides:
+                raise ConfigError(
+                    "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out"
+                )
+            out = args.resume
+            summary = serve(bind=args.bind, keys_dir=args.keys, resume_dir=out,
+                            round_timeout_s=args.round_timeout,
+                            join_timeout_s=args.join_timeout,
+                            endpoint_file=args.endpoint_file, progress=progress)
+        else:
+            cfg = load_experiment(args.config, args.overrides)
+            hw = load_hardware(cfg.hw_config, args.hw_overrides)
+            out = args.out or default_run_path(cfg.name)
+            summary = serve(bind=args.bind, keys_dir=args.keys, cfg=cfg, hw=hw, out_dir=out,
+                            round_timeout_s=args.round_timeout,
+                            join_timeout_s=args.join_timeout,
+                            endpoint_file=args.endpoint_file, progress=progress)
+    except KeyboardInterrupt:
+        print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)
+        return 130
+    except (KeyFileMissingError, KeyFileError, RunDirError, TimeoutError, OSError,
+            ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        print(f"testbed aggregator: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(dumps({**summary, "run_dir": str(out)}))
+    print(outcome_line(summary, out), file=sys.stderr if args.json else sys.stdout)
+    if summary["status"] == "interrupted":
+        print(f"continue with:  testbed aggregator --bind {args.bind} --keys {args.keys} "
+              f"--resume {out}", file=sys.stderr)
+    return int(summary["exit_code"])

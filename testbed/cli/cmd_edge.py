@@ -1,0 +1,94 @@
+"""``testbed edge``: one device of a lab run (one process per Jetson; see ``docs/lab.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.config.loader import load_hardware
+
+
+def _device_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"--device-id: got {text!r}; allowed: an integer >= 0"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not 0 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"--device-id: got {value}; allowed: 0..1000000")
+    return value
+
+
+def _epsilon(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"--max-epsilon: got {text!r}; allowed: a number > 0"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not (0 < value < 1e6):
+        raise argparse.ArgumentTypeError(f"--max-epsilon: got {text!r}; allowed: 0 < eps < 1e6")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``edge`` subcommand."""
+    from testbed.cli.cmd_aggregator import positive_seconds
+
+    p = sub.add_parser(
+        "edge",
+        help="run one edge device of a lab run",
+        description=(
+            "Join the aggregator at --connect with this device's CurveZMQ key, take the run's "
+            "config, train on this host's shard, add this device's own privacy noise and "
+            "upload in its slot. The device keeps its own ledger in --state-dir and refuses "
+            "any upload past its own target (--max-epsilon, default the run's). Exit 0 when "
+            "the aggregator ends the run; 2 on bad input or a missing radio."
+        ),
+    )
+    p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT")
+    p.add_argument("--device-id", type=_device_id, required=True)
+    p.add_argument("--keys", type=Path, required=True, metavar="DIR",
+                   help="device-I.key, device-I.key_secret and aggregator.key")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="this device's ledger (default: edge-state/device-I)")
+    p.add_argument("--hw", metavar="HW_CONFIG", help="this host's hardware config")
+    p.add_argument("--data-dir", type=Path, help="where this host keeps the data set")
+    p.add_argument("--max-epsilon", type=_epsilon, help="this device's own epsilon target")
+    p.add_argument("--rejoin-after", type=positive_seconds("--rejoin-after"), default=10.0,
+                   help="seconds of silence after which the edge says hello again")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from testbed.cli.cmd_aggregator import setup_logging
+    from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.lab.edge import EdgeAgent, EdgeError
+
+    setup_logging()
+    hw = None
+    try:
+        if args.hw is not None:
+            from radio.edge_radio import RadioUnavailable, check_edge_radio
+
+            hw = load_hardware(args.hw)
+            try:
+                check_edge_radio(hw, args.device_id)
+            except RadioUnavailable as exc:
+                print(f"testbed edge: error: {exc}", file=sys.stderr)
+                return 2
+            if hw.link == "usrp":
+                print("testbed edge: error: the usrp link's split transmitter (timed bursts "
+                      "in TDMA slots) is not wired to the edge agent yet; run the usrp link "
+                      "in process with `testbed run` (docs/lab.md)", file=sys.stderr)
+                return 2
+        state = args.state_dir or Path("edge-state") / f"device-{args.device_id}"
+        agent = EdgeAgent(args.connect, args.device_id, args.keys, state, data_dir=args.data_dir,
+                          hw=hw, max_epsilon=args.max_epsilon, rejoin_after_s=args.rejoin_after)
+        return agent.run()
+    except KeyboardInterrupt:
+        return 130
+    except (EdgeError, KeyFileError, KeyFileMissingError, ValueError) as exc:
+        print(f"testbed edge: error: {exc}", file=sys.stderr)
+        return 2

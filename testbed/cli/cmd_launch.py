@@ -1,0 +1,65 @@
+"""``testbed launch``: the aggregator and N edges on this machine over loopback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _devices(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"--devices: got {text!r}; allowed: an integer >= 1"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"--devices: got {value}; allowed: 1..256")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``launch`` subcommand."""
+    from testbed.cli.cmd_aggregator import positive_seconds
+
+    p = sub.add_parser(
+        "launch",
+        help="run a lab run on this machine: an aggregator and N edge processes (loopback)",
+        description=(
+            "Write fresh CurveZMQ keys, start `testbed aggregator` on a free loopback port and "
+            "N `testbed edge` processes, wait for the run to end. Ctrl-C stops them all. "
+            "--out DIR holds aggregator/ (the run directory), edge-I/ (each device's ledger), "
+            "keys/ and logs/. Exit code: the aggregator's."
+        ),
+    )
+    p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
+    p.add_argument("--devices", type=_devices, required=True)
+    p.add_argument("--out", type=Path, help="output directory (default: runs/launch-<time>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
+                   metavar="KEY=VALUE")
+    p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
+    p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from testbed.config.loader import load_experiment, load_hardware
+    from testbed.lab.launch import launch
+    from testbed.rundir import default_run_path
+
+    # Validate here, before any process starts (the error names the key).
+    cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}"])
+    load_hardware(cfg.hw_config, args.hw_overrides)
+    out = args.out or default_run_path("launch")
+    try:
+        code = launch(args.config, args.devices, out, overrides=args.overrides,
+                      hw_overrides=args.hw_overrides, round_timeout_s=args.round_timeout,
+                      join_timeout_s=args.join_timeout)
+    except (FileExistsError, TimeoutError) as exc:
+        print(f"testbed launch: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"launch: aggregator exit {code}; run directory {out / 'aggregator'}, logs in "
+          f"{out / 'logs'}")
+    return code

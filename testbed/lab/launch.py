@@ -1,0 +1,155 @@
+"""``testbed launch``: an aggregator and N edge processes on this machine, over loopback.
+
+For CI and demos. Fresh CurveZMQ keys are written under the output directory (the secrets
+0600); the aggregator binds an ephemeral loopback port and writes it to a file the edges'
+command lines are built from. Ctrl-C (or SIGTERM) stops the aggregator first (it records an
+interrupted run that ``testbed aggregator --resume`` continues), then the edges; every child
+also dies with the launcher (``PR_SET_PDEATHSIG``), so no process is left behind.
+
+Layout of ``--out DIR``: ``DIR/aggregator`` (the run directory), ``DIR/edge-I`` (each edge's
+own ledger), ``DIR/keys``, ``DIR/logs/*.log``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Seconds a child gets to exit after SIGTERM before SIGKILL.
+GRACE_S = 15.0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Child pre-exec: SIGKILL this process when the launcher dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def testbed_command() -> list[str]:
+    """The command line that runs this ``testbed`` (the current interpreter)."""
+    return [sys.executable, "-m", "testbed"]
+
+
+class Children:
+    """Child processes of a launch; stopped in order on exit."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        self.procs[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent, start_new_session=True, env=env,
+        )
+        log.close()
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def stop(self, names: list[str], sig: int = signal.SIGTERM) -> None:
+        """Signal ``names``, wait up to :data:`GRACE_S`, then SIGKILL what is left."""
+        for n in names:
+            if self.procs[n].poll() is None:
+                self.procs[n].send_signal(sig)
+        deadline = time.monotonic() + GRACE_S
+        for n in names:
+            try:
+                self.procs[n].wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.procs[n].kill()
+                self.procs[n].wait()
+
+    def stop_all(self) -> None:
+        names = list(self.procs)
+        self.stop([n for n in names if n == "aggregator"], signal.SIGINT)
+        self.stop([n for n in names if n != "aggregator"])
+
+
+def launch(
+    config: str | None,
+    devices: int,
+    out_dir: Path,
+    *,
+    overrides: list[str],
+    hw_overrides: list[str],
+    round_timeout_s: float,
+    join_timeout_s: float,
+    edge_args: dict[int, list[str]] | None = None,
+    on_started: Any = None,
+) -> int:
+    """Start the aggregator and ``devices`` edges; wait for the aggregator; stop the rest.
+
+    Returns the aggregator's exit code (130 when stopped by a signal).
+    """
+    from testbed.lab.curve_keys import generate_keys
+
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"--out '{out_dir}' exists and is not empty; choose another")
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    keys = out_dir / "keys"
+    generate_keys(keys, devices)
+    endpoint_file = out_dir / "endpoint"
+    children = Children(out_dir / "logs")
+    stopped = {"signal": 0}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopped["signal"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    tb = testbed_command()
+    try:
+        agg = [*tb, "aggregator", *([config] if config else []), "--bind", "tcp://127.0.0.1:*",
+               "--keys", str(keys), "--out", str(out_dir / "aggregator"),
+               "--endpoint-file", str(endpoint_file), "--set", f"devices={devices}",
+               "--round-timeout", str(round_timeout_s), "--join-timeout", str(join_timeout_s),
+               "--no-progress"]
+        for o in overrides:
+            agg += ["--set", o]
+        for o in hw_overrides:
+            agg += ["--hw-set", o]
+        children.start("aggregator", agg)
+        deadline = time.monotonic() + 120
+        while not endpoint_file.exists():
+            if children.procs["aggregator"].poll() is not None or stopped["signal"]:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the aggregator did not bind within 120 s")
+            time.sleep(0.05)
+        if endpoint_file.exists():
+            endpoint = endpoint_file.read_text().strip()
+            for i in range(devices):
+                edge = [*tb, "edge", "--connect", endpoint, "--device-id", str(i),
+                        "--keys", str(keys), "--state-dir", str(out_dir / f"edge-{i}"),
+                        *((edge_args or {}).get(i, []))]
+                children.start(f"edge-{i}", edge)
+            if on_started is not None:
+                on_started(children)
+        agg_proc = children.procs["aggregator"]
+        while agg_proc.poll() is None and not stopped["signal"]:
+            time.sleep(0.1)
+        if stopped["signal"]:
+            children.stop_all()
+            return 130
+        # The aggregator said leave; give the edges a moment, then make sure.
+        edges = [n for n in children.procs if n != "aggregator"]
+        end = time.monotonic() + 10
+        while any(children.procs[n].poll() is None for n in edges) and time.monotonic() < end:
+            time.sleep(0.1)
+        children.stop(edges)
+        return int(agg_proc.returncode)
+    finally:
+        children.stop_all()
+        for s, h in old.items():
+            signal.signal(s, h)
+        os.sync()

@@ -47,7 +47,7 @@ from edge_device.power_sensors import (
 from testbed.config.errors import ConfigError
 
 SOURCES = ("model", "measured", "auto")
-MODEL_LABEL = "model (configured e_comp_j)"
+MODEL_LABEL = "modelled (configured e_comp_j)"
 TOTAL_RAILS = ("VDD_IN", "POM_5V_IN")  # board input rails (total power)
 JETSON_INTERVAL_S = 0.05
 RAPL_INTERVAL_S = 1.0

@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """USRP receiver: UHD source -> ZMQ PUSH, streaming continuously from a known start time.
 
-The USRP's time is set to 0 at start-up (or at the next PPS with an external time source)
-and streaming starts at ``--start-time`` seconds, so received sample ``i`` was taken at
-``start_time + i / samp_rate`` (as long as no overflow occurred; the controlling process
-checks the sample count against elapsed time). With ``--build-only`` the graph is
-constructed with a null source in place of the UHD source (UHD is not imported, no device
-discovery happens) and its blocks are printed; ``--build-only --open-device`` opens the
-USRP for real and fails (exit 1, one line naming the device args) when none is found.
+The USRP's time is set to 0 at start-up (or at the next PPS with an external time source;
+with ``--time-epoch host-pps`` to the host's UNIX second at a PPS edge) and streaming starts
+``--start-time`` seconds after that epoch, at USRP time ``get_start_time()``, so received
+sample ``i`` was taken at ``get_start_time() + i / samp_rate`` (as long as no overflow
+occurred; the controlling process checks the sample count against elapsed time). With
+``--build-only`` the graph is constructed with a null source in place of the UHD source
+(UHD is not imported, no device discovery happens) and its blocks are printed;
+``--build-only --open-device`` opens the USRP for real and fails (exit 1, one line naming
+the device args) when none is found.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from usrp_common import (  # noqa: E402
     report_applied,
     run_until_stopped,
     serve_xmlrpc,
+    set_usrp_time,
+    time_epoch_problem,
     usrp_arguments,
 )
 
@@ -55,11 +59,13 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
             )
             self.uhd_blocks.append("usrp_source")
             configure_usrp(self.usrp, args)
-            if args.time_source in ("external", "gpsdo"):
-                self.usrp.set_time_next_pps(uhd.time_spec(0.0))
-            else:
-                self.usrp.set_time_now(uhd.time_spec(0.0))
-            self.usrp.set_start_time(uhd.time_spec(args.start_time))
+            epoch = set_usrp_time(
+                self.usrp, args, uhd.time_spec,
+                zero_at_pps=args.time_source in ("external", "gpsdo"),
+            )
+            # --start-time counts from the epoch set: absolute USRP time epoch + start_time.
+            self.start_time = epoch + args.start_time
+            self.usrp.set_start_time(uhd.time_spec(self.start_time))
             report_applied(self.usrp, "rx")
         else:
             self.usrp = blocks.null_source(gr.sizeof_gr_complex)
@@ -82,6 +88,7 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
         return float(self.usrp.get_samp_rate()) if self.device_found else self.samp_rate
 
     def get_start_time(self) -> float:
+        """USRP time (s) of the first streamed sample."""
         return self.start_time
 
     def get_time_now(self) -> float:
@@ -98,8 +105,11 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
 def main(argv: list[str] | None = None) -> int:
     p = usrp_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--out-address", default="tcp://127.0.0.1:5561", help="ZMQ PUSH bind address")
-    p.add_argument("--start-time", type=float, default=1.0, help="USRP time to start at (s)")
+    p.add_argument("--start-time", type=float, default=1.0,
+                   help="start streaming this long (s) after the time epoch set")
     args = p.parse_args(argv)
+    if problem := time_epoch_problem(args):
+        p.error(problem)
     try:
         tb = rx(args, open_device=device_wanted(args))
     except RuntimeError as exc:

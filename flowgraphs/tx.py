@@ -2,11 +2,12 @@
 """USRP transmitter: ZMQ PULL (header-delimited bursts) -> burst tagger -> UHD sink.
 
 Each burst leaves the USRP at its ``tx_time`` (``tx_sob``/``tx_eob``/``tx_time`` tags from
-:mod:`burst_tagger`). The applied rate, frequency and gain are read back and logged. With
-``--build-only`` the graph is constructed with a null sink in place of the UHD sink (UHD is
-not imported, no device discovery happens) and its blocks are printed; ``--build-only
---open-device`` opens the USRP for real and fails (exit 1, one line naming the device
-args) when none is found.
+:mod:`burst_tagger`), in USRP time: 0 at start-up, or with ``--time-epoch host-pps`` the
+host's UNIX second latched at a PPS edge (shared by every USRP on the same PPS). The
+applied rate, frequency and gain are read back and logged. With ``--build-only`` the graph
+is constructed with a null sink in place of the UHD sink (UHD is not imported, no device
+discovery happens) and its blocks are printed; ``--build-only --open-device`` opens the
+USRP for real and fails (exit 1, one line naming the device args) when none is found.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from usrp_common import (  # noqa: E402
     report_applied,
     run_until_stopped,
     serve_xmlrpc,
+    set_usrp_time,
+    time_epoch_problem,
     usrp_arguments,
 )
 
@@ -56,7 +59,7 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
             )
             self.uhd_blocks.append("usrp_sink")
             configure_usrp(self.sink, args)
-            self.sink.set_time_now(uhd.time_spec(0.0))
+            set_usrp_time(self.sink, args, uhd.time_spec, zero_at_pps=False)
             report_applied(self.sink, "tx")
         else:
             self.sink = blocks.null_sink(gr.sizeof_gr_complex)
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p = usrp_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--in-address", default="tcp://127.0.0.1:5560", help="ZMQ PUSH to pull from")
     args = p.parse_args(argv)
+    if problem := time_epoch_problem(args):
+        p.error(problem)
     try:
         tb = tx(args, open_device=device_wanted(args))
     except RuntimeError as exc:

@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from xmlrpc.server import SimpleXMLRPCServer
 
 from gnuradio import gr
@@ -27,6 +29,12 @@ def usrp_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--antenna", default="", help="antenna port")
     p.add_argument("--clock-source", default="internal", help="internal|external|mimo|gpsdo")
     p.add_argument("--time-source", default="internal", help="internal|external|mimo|gpsdo|none")
+    p.add_argument(
+        "--time-epoch", choices=("zero", "host-pps"), default="zero",
+        help="zero: USRP time 0 at start-up (rx: at the next PPS with an external time "
+        "source); host-pps: at a PPS edge, the host's UNIX second (every USRP on the same "
+        "PPS then keeps the same time; needs --time-source external, gpsdo or mimo)",
+    )
     p.add_argument("--xmlrpc-port", type=int, default=0, help="XML-RPC control port (0: none)")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     p.add_argument(
@@ -83,6 +91,88 @@ def configure_usrp(dev: object, args: argparse.Namespace) -> None:
     dev.set_gain(args.gain, 0)  # type: ignore[attr-defined]
     if args.antenna:
         dev.set_antenna(args.antenna, 0)  # type: ignore[attr-defined]
+
+
+#: Time sources that can latch a PPS edge (mimo: the device follows its MIMO master's time).
+PPS_TIME_SOURCES = ("external", "gpsdo")
+
+
+def time_epoch_problem(args: argparse.Namespace) -> str:
+    """Why ``--time-epoch`` cannot work with ``--time-source`` (empty: it can)."""
+    if args.time_epoch == "host-pps" and args.time_source not in (*PPS_TIME_SOURCES, "mimo"):
+        return (f"--time-epoch host-pps needs a shared PPS (--time-source external, gpsdo or "
+                f"mimo), got --time-source {args.time_source}")
+    return ""
+
+
+def latch_host_time_at_pps(
+    dev: object,
+    time_spec: Callable[[float], object],
+    *,
+    timeout_s: float = 2.5,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Set the USRP's time at a PPS edge to the host's UNIX second of that edge.
+
+    Waits for one PPS edge (so the host knows where in its second the edges fall), sets the
+    next edge to ``round(host time just after this edge) + 1`` and waits until it has
+    passed. Every USRP fed the same PPS whose host clock is within a few ms of the others'
+    (NTP) then keeps the same time, unless the edges fall within those ms of a host
+    half-second (the controlling process checks the agreement). Returns the time set (s).
+
+    Raises
+    ------
+    RuntimeError
+        No PPS edge within ``timeout_s`` (PPS cable, ``--time-source``).
+    """
+
+    def last_pps() -> float:
+        return float(dev.get_time_last_pps(0).get_real_secs())  # type: ignore[attr-defined]
+
+    def wait_edge(previous: float, what: str) -> float:
+        waited = 0.0
+        while (now := last_pps()) == previous:
+            if waited > timeout_s:
+                raise RuntimeError(
+                    f"no PPS edge {what} within {timeout_s:g} s: check the PPS cable (OctoClock "
+                    "PPS out -> the N210's PPS in) and the time source"
+                )
+            sleep(0.002)
+            waited += 0.002
+        return now
+
+    wait_edge(last_pps(), "seen")
+    epoch = float(round(clock()) + 1)
+    dev.set_time_next_pps(time_spec(epoch))  # type: ignore[attr-defined]
+    latched = wait_edge(last_pps(), "after setting the time")
+    if abs(latched - epoch) > 1e-6:
+        raise RuntimeError(f"USRP time at the PPS edge is {latched}, not the {epoch} set")
+    return epoch
+
+
+def set_usrp_time(
+    dev: object,
+    args: argparse.Namespace,
+    time_spec: Callable[[float], object],
+    *,
+    zero_at_pps: bool,
+) -> float:
+    """Set the USRP's time per ``--time-epoch``; returns the epoch (USRP time set, s).
+
+    ``zero``: time 0 now, or at the next PPS edge when ``zero_at_pps`` (the receiver with an
+    external time source). ``host-pps``: :func:`latch_host_time_at_pps`; a MIMO slave
+    follows its master's time and is left alone (its current time is returned).
+    """
+    if args.time_epoch == "host-pps":
+        if args.time_source in PPS_TIME_SOURCES:
+            return latch_host_time_at_pps(dev, time_spec)
+        return float(dev.get_time_now().get_real_secs())  # type: ignore[attr-defined]
+    if zero_at_pps:
+        dev.set_time_next_pps(time_spec(0.0))  # type: ignore[attr-defined]
+    else:
+        dev.set_time_now(time_spec(0.0))  # type: ignore[attr-defined]
+    return 0.0
 
 
 def report_applied(dev: object, name: str) -> None:

@@ -5,7 +5,8 @@
 the order one upload meets them: ``after_intent`` (journalled, not yet on air),
 ``after_transmit`` (on air, not yet in the ledger), ``after_commit`` (in the ledger, not yet
 kept in ``inflight/``), ``after_inflight``; and per round ``after_checkpoint`` (checkpoint
-written, metrics line not yet appended).
+written, metrics line not yet appended). The edge agent's: ``edge_before_intent`` (trained,
+not yet journalled) and ``edge_after_intent`` (journalled, upload not yet sent).
 
 ``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
 before each transmission is handed to the link: the device's own record of what it put on

@@ -287,7 +287,7 @@ def test_auto_falls_back_to_model_label(tmp_path: Path) -> None:
     with meter.measure() as m:
         pass
     assert m.energy_j == 0.7
-    assert m.source == MODEL_LABEL == "model (configured e_comp_j)"
+    assert m.source == MODEL_LABEL == "modelled (configured e_comp_j)"
 
 
 def test_auto_prefers_jetson_then_rapl(tmp_path: Path) -> None:

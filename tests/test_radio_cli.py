@@ -67,9 +67,15 @@ REPO = HW_DIR.parent
 
 
 def _loopback_config(tmp_path: Path, **extra: str) -> Path:
-    """lab_ota with both USRPs at 127.0.0.1 (UHD discovery never leaves the host)."""
+    """lab_ota with every USRP on a loopback address (UHD discovery never leaves the host).
+
+    The single-process link's transmitter and the receiver at 127.0.0.1, device ``i``'s
+    USRP at 127.0.0.(11 + i).
+    """
     text = (HW_DIR / "lab_ota.yaml").read_text()
-    text = text.replace("192.168.10.2", "127.0.0.1").replace("192.168.10.3", "127.0.0.1")
+    text = text.replace('"addr=192.168.10.2"', '"addr=127.0.0.1"')
+    text = text.replace('"addr=192.168.10.3"', '"addr=127.0.0.1"')
+    text = text.replace("192.168.10.", "127.0.0.")
     assert "192.168." not in text
     for key, value in extra.items():
         text += f"{key}:\n" + "".join(f"  {line}\n" for line in value.splitlines())

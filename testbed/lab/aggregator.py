@@ -37,6 +37,7 @@ import numpy as np
 from radio.link import Link
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
+from testbed.faults import fault_point
 from testbed.interrupts import StopSignals
 from testbed.lab.secure_socket import CurveServer
 from testbed.protocol import Message, ProtocolError, UploadHeader, decode, encode
@@ -368,6 +369,7 @@ class LabAggregator(Experiment):
         )
         info["train_loss"] = float("nan") if loss is None else float(loss)
         self.rundir.save_inflight(t, i, vec, info)
+        fault_point("after_inflight")
         self.plane.send(i, "ack", {"round": t, "nonce": nonce,
                                    "channel": self._channel(self.last_committed)})
         return info, vec

@@ -29,6 +29,7 @@ from edge_device.energy_meter import make_meter
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.device_worker import DeviceWorker, TrainingDiverged
+from testbed.faults import fault_point
 from testbed.lab.secure_socket import CurveClient
 from testbed.protocol import Message, ProtocolError, decode, encode
 from testbed.rundir import RunDirError, _lock, atomic_write_bytes
@@ -220,9 +221,11 @@ class EdgeAgent:
         except TrainingDiverged as exc:
             self._send(client, "refuse", {"round": t, "nonce": nonce, "reason": str(exc)})
             return
+        fault_point("edge_before_intent")
         if self.book is not None:
             self.book.begin(event, nonce)  # before the air
         self.pending[nonce] = event
+        fault_point("edge_after_intent")
         up = local.upload
         symbols = np.ascontiguousarray(up.symbols, dtype="<c16")
         loss = local.train_loss if math.isfinite(local.train_loss) else None

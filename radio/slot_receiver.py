@@ -1,0 +1,210 @@
+"""The aggregator's side of the split ``usrp`` link: one capture per round, a window per slot.
+
+The ``rx`` flowgraph streams continuously (:class:`radio.usrp_stream.RxStream`); for each
+round :meth:`SlotReceiver.receive` waits until the round's TDMA schedule has passed, reads
+the capture covering every slot's window once, and cuts each device's window
+(``slot start - guard .. slot end + guard``). :meth:`SlotReceiver.decode` runs the waveform
+receiver on one window (frame detection, CFO, timing, channel and N0 from the pilots: the
+same as every estimated link). Schedule times are on the time base described in
+:mod:`radio.edge_radio`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from radio.edge_radio import Probe, RadioUnavailable, require_usrp, usrp_minus_host
+from radio.flowgraph_process import FlowgraphError
+from radio.frame_link import Carried, FrameLink
+from radio.framing import WaveformParams
+from radio.link import LinkError, LinkFailed, Reception
+from radio.modem import frame_samples
+from radio.tdma import Slot, schedule_window
+from radio.time_sync import OffsetEstimate
+from radio.uhd_probe import find_usrps
+from radio.usrp_stream import RxStream
+from testbed.config.hardware import ReceiverRadio
+
+
+class _Decoder(FrameLink):
+    """The frame receiver of the ``usrp`` link, fed captured windows."""
+
+    name = "usrp"
+
+    def _carry(
+        self, samples: np.ndarray, *, device: int, round_index: int, rng: np.random.Generator
+    ) -> Carried:
+        raise NotImplementedError("the slot receiver decodes captured windows only")
+
+    def decode(
+        self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
+    ) -> Reception:
+        sent = frame_samples(self.waveform, n_payload)
+        carried = Carried(np.asarray(window, dtype=np.complex128), sent, window.size, {})
+        return self._receive(carried, n_payload, device=device, round_index=round_index)
+
+
+class SlotReceiver:
+    """The aggregator's receiver: one ``rx`` flowgraph, one capture per round's schedule.
+
+    Parameters
+    ----------
+    radio
+        Receiver settings (:func:`testbed.config.hardware.receiver_radio`).
+    waveform
+        Frame numerology (its sample rate must be the radio's).
+    confidence, record_dir, hw_name
+        Passed to the frame receiver (N0 confidence, SigMF recording).
+    log_dir, probe, startup_timeout_s, clock, stream
+        As in :class:`radio.edge_radio.EdgeTransmitter`.
+
+    Raises
+    ------
+    RadioUnavailable
+        No USRP for ``usrp.rx_args``, or the flowgraph failed to start.
+    """
+
+    def __init__(
+        self, radio: ReceiverRadio, waveform: WaveformParams, *, confidence: float = 0.95,
+        record_dir: Path | None = None, hw_name: str = "", log_dir: Path | None = None,
+        probe: Probe = find_usrps, startup_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.time, stream: RxStream | None = None,
+    ) -> None:
+        if abs(radio.sample_rate_hz - waveform.sample_rate_hz) > 1e-6 * radio.sample_rate_hz:
+            raise ValueError(f"usrp sample rate {radio.sample_rate_hz} != waveform "
+                             f"{waveform.sample_rate_hz}")
+        self.radio = radio
+        self.clock = clock
+        self.decoder = _Decoder(waveform, confidence=confidence, record_dir=record_dir,
+                                center_freq_hz=radio.center_freq_hz, hw_name=hw_name)
+        if stream is None:
+            require_usrp("aggregator receiver", "usrp.rx_args", radio.rx_args, radio.python,
+                         probe)
+            try:
+                stream = RxStream(
+                    device_args=radio.rx_args, gain_db=radio.rx_gain_db,
+                    antenna=radio.rx_antenna, sample_rate_hz=radio.sample_rate_hz,
+                    center_freq_hz=radio.center_freq_hz, clock_source=radio.clock_source,
+                    time_source=radio.time_source,
+                    time_epoch="host-pps" if radio.shared_time else "zero",
+                    ring_seconds=radio.ring_seconds, python=radio.python, log_dir=log_dir,
+                    # After a PPS latch the flowgraph still has to start: 2 s of margin.
+                    start_after_s=2.0 if radio.shared_time else 1.0,
+                    startup_timeout_s=startup_timeout_s,
+                )
+            except FlowgraphError as exc:
+                raise RadioUnavailable(
+                    f"aggregator receiver: the rx flowgraph could not start: {exc}"
+                ) from exc
+        self.stream: RxStream | None = stream
+        #: Uncertainty (s) of the last schedule-to-USRP mapping (0 with a shared reference).
+        self.timing_uncertainty_s = 0.0
+
+    def _stream(self) -> RxStream:
+        if self.stream is None:
+            raise LinkFailed("aggregator receiver is closed")
+        return self.stream
+
+    def usrp_minus_host(self) -> OffsetEstimate:
+        """The receiver USRP's time minus this host's clock, read now (s)."""
+        return usrp_minus_host(self._stream().usrp_time_now, self.clock)
+
+    def now_s(self) -> float:
+        """The current time on the schedule's time base (s): USRP time if shared, else host."""
+        if self.radio.shared_time:
+            try:
+                return self._stream().usrp_time_now()
+            except FlowgraphError as exc:
+                raise LinkFailed(str(exc)) from exc
+        return self.clock()
+
+    def receive(
+        self, slots: Sequence[Slot], *, round_index: int = 0, timeout_s: float = 5.0
+    ) -> dict[int, np.ndarray]:
+        """Capture the round's schedule and cut each device's window.
+
+        Waits until the last window has been received. Returns ``{device: samples}``,
+        ``complex128`` of shape ``(round((window_end - window_start) fs),)`` each, for
+        :meth:`decode`.
+
+        Raises
+        ------
+        ValueError
+            The schedule spans more than the ring holds.
+        LinkError
+            The capture is not held (the schedule lies too far in the past, or before the
+            stream started).
+        LinkFailed
+            The receiver died, stalled or dropped samples.
+        """
+        where = f"aggregator receiver, round {round_index}"
+        stream = self._stream()
+        fs = self.radio.sample_rate_hz
+        w0, w1 = schedule_window(slots)
+        if w1 - w0 > 0.9 * stream.capacity_s:
+            raise ValueError(f"{where}: schedule spans {w1 - w0:.3f} s; the receiver holds "
+                             f"{stream.capacity_s:.1f} s (ReceiverRadio.ring_seconds)")
+        try:
+            stream.check_alive()
+            mapping = self.usrp_minus_host()
+        except FlowgraphError as exc:
+            raise LinkFailed(f"{where}: {exc}") from exc
+        shift = 0.0 if self.radio.shared_time else mapping.offset_s
+        self.timing_uncertainty_s = 0.0 if self.radio.shared_time else mapping.uncertainty_s
+        usrp_now = self.clock() + mapping.offset_s
+        stream.check_mapping(usrp_now, f"{where} failed")
+        if w0 + shift < stream.start_time:
+            raise LinkError(f"{where}: schedule starts at USRP time {w0 + shift:.3f} s, before "
+                            f"the receiver's stream ({stream.start_time:.3f} s)")
+        n = int(math.ceil((w1 - w0) * fs))
+        wait = max(0.0, w1 + shift - usrp_now) + timeout_s
+        try:
+            capture = stream.read_at(w0 + shift, n, wait)
+        except LinkFailed as exc:
+            raise LinkFailed(f"{where} failed: {exc}") from exc
+        except LinkError as exc:
+            raise LinkError(f"{where}: capture lost: {exc}") from exc
+        out: dict[int, np.ndarray] = {}
+        for s in slots:
+            i0 = int(round((s.window_start_s - w0) * fs))
+            i1 = min(int(round((s.window_end_s - w0) * fs)), n)
+            out[s.device] = capture[i0:i1].astype(np.complex128)
+        return out
+
+    def decode(
+        self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
+    ) -> Reception:
+        """Find and demodulate one device's frame in its window (the waveform receiver).
+
+        Raises
+        ------
+        LinkError
+            No frame found (the upload is lost).
+        """
+        return self.decoder.decode(window, n_payload, device=device, round_index=round_index)
+
+    def receive_all(
+        self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0
+    ) -> dict[int, Reception | LinkError]:
+        """:meth:`receive` then :meth:`decode` per device; a lost frame is its LinkError."""
+        out: dict[int, Reception | LinkError] = {}
+        for device, window in self.receive(slots, round_index=round_index).items():
+            try:
+                out[device] = self.decode(window, n_payload[device], device=device,
+                                          round_index=round_index)
+            except LinkFailed:
+                raise
+            except LinkError as exc:
+                out[device] = exc
+        return out
+
+    def close(self) -> None:
+        """Stop the flowgraph and the reader thread. Idempotent."""
+        if self.stream is not None:
+            self.stream.close()
+        self.stream = None

@@ -1,0 +1,119 @@
+"""Shared helpers of the lab-deployment tests: processes on loopback, ledgers, leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD_CONFIG = str(ROOT / "testbed" / "config" / "private-fedsgd.yaml")
+#: A small record-level run: 3 devices of 2000 samples, Poisson batches of 256.
+RECORD_SETS = [
+    "train_samples=6000", "eval_samples=300", "batch_size=256", "scheme=channel-dp",
+    "eval_every=100",
+]
+#: A small run without DP.
+PLAIN_SETS = ["scheme=fedavg", "train_samples=2000", "eval_samples=300"]
+
+
+def sets(values: list[str]) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        out += ["--set", v]
+    return out
+
+
+def tb_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "testbed", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Procs:
+    """Processes of one test; every one is killed at the end, whatever happened."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None
+              ) -> subprocess.Popen[bytes]:
+        full_env = {k: v for k, v in os.environ.items() if k != "TESTBED_FAULT"}
+        full_env.update(env or {})
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=full_env)
+        self.procs.append(p)
+        return p
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in self.procs:
+            p.wait(10)
+
+
+def ledger_by_nonce(path: Path) -> dict[str, dict[str, Any]]:
+    """Events of a ledger file by nonce (the header line skipped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            data = json.loads(line)
+            if "nonce" in data:
+                out[data["nonce"]] = data
+    return out
+
+
+def assert_ledgers_agree(run_dir: Path, edge_dirs: dict[int, Path]) -> None:
+    """The aggregator's ledger and every edge's hold the same uploads, event for event."""
+    agg = ledger_by_nonce(run_dir / "ledger.jsonl")
+    for device, edge_dir in edge_dirs.items():
+        mine = ledger_by_nonce(edge_dir / "ledger.jsonl")
+        theirs = {n: e for n, e in agg.items() if e["device"] == device}
+        assert mine == theirs, f"device {device}: ledgers differ"
+        assert mine, f"device {device}: nothing recorded"
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_exit(p: subprocess.Popen[bytes], timeout_s: float) -> int:
+    return int(p.wait(timeout_s))
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)

@@ -48,6 +48,11 @@ from testbed.upload_events import CHANNEL_KEYS
 
 log = logging.getLogger("testbed.aggregator")
 
+#: Largest control-plane message either side accepts (bytes); libzmq drops larger ones
+#: before they are read. An upload of d parameters is 8 d bytes (d/2 complex symbols), a
+#: model 8 d bytes: models up to about 8 million parameters.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 
 @dataclass
 class Peer:
@@ -444,7 +449,8 @@ def serve(
     ctx = zmq.Context()
     server: CurveServer | None = None
     try:
-        server = CurveServer(ctx, bind, keys_dir=keys_dir, allowed_dir=keys_dir / "allowed")
+        server = CurveServer(ctx, bind, keys_dir=keys_dir, allowed_dir=keys_dir / "allowed",
+                             max_message_bytes=MAX_MESSAGE_BYTES)
         endpoint_note(endpoint_file, server.last_endpoint)
         log.info("aggregator bound to %s; waiting for %d devices", server.last_endpoint,
                  cfg.devices)

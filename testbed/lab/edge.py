@@ -251,6 +251,7 @@ class EdgeAgent:
         """Serve until the aggregator says ``leave``; returns the exit code (0)."""
         import zmq
 
+        from testbed.lab.aggregator import MAX_MESSAGE_BYTES
         from testbed.lab.curve_keys import aggregator_public_key, load_device_keys
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -262,7 +263,7 @@ class EdgeAgent:
         server_key = aggregator_public_key(self.keys_dir)
         ctx = zmq.Context()
         client = CurveClient(ctx, self.endpoint, client_public=public, client_secret=secret,
-                             server_public=server_key)
+                             server_public=server_key, max_message_bytes=MAX_MESSAGE_BYTES)
         try:
             self._send(client, "hello", {"instance": self.instance})
             heard = time.monotonic()

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from radio.link import Link
+from radio.link import Link, LinkFailed
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.faults import fault_point
@@ -275,6 +275,14 @@ class LabAggregator(Experiment):
         timer = StageTimer()
         t0 = time.perf_counter()
         kept = self.rundir.load_inflight(t)
+        wait_until = time.monotonic() + self.round_timeout_s
+        while not any(self.plane.ready(i) for i in range(cfg.devices)):
+            # every edge is gone: wait (one round timeout) for one to rejoin
+            stop.check()
+            if time.monotonic() > wait_until:
+                raise LinkFailed(f"round {t}: no edge device connected for "
+                                 f"{self.round_timeout_s:g} s (--round-timeout)")
+            self.plane.poll(0.2)
         absent = {i for i in range(cfg.devices) if not self.plane.ready(i)}
         gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept) | absent))
         if not kept and not absent and all(g is None for g in gated):

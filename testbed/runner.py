@@ -107,6 +107,23 @@ def device_settings(
     return resolve_uplinks(cfg, hw, d), [None] * len(dataset_sizes)
 
 
+def tally(
+    info: dict[str, Any],
+    vec: np.ndarray | None,
+    decoded: list[np.ndarray],
+    losses: list[float],
+    per_device: list[dict[str, Any]],
+) -> None:
+    """Add one device's upload of a round (metrics entry ``info``, decoded differential
+    ``vec`` or ``None``) to the round's lists."""
+    if vec is not None:
+        decoded.append(vec)
+    loss = info.get("train_loss")
+    if isinstance(loss, float) and np.isfinite(loss):
+        losses.append(loss)
+    per_device.append(info)
+
+
 def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, float]:
     """Per-upload channel numbers for the metrics line."""
     state = reception.state
@@ -321,11 +338,7 @@ class Experiment:
         for i in range(cfg.devices):
             if i in kept:
                 vec, info = kept[i]
-                if vec is not None:
-                    decoded.append(vec)
-                if isinstance(info.get("train_loss"), float):
-                    losses.append(info["train_loss"])
-                per_device.append({**info, "resumed": True})
+                tally({**info, "resumed": True}, vec, decoded, losses, per_device)
                 continue
             event = gated[i]
             if event is None:

@@ -42,7 +42,7 @@ from testbed.interrupts import StopSignals
 from testbed.lab.secure_socket import CurveServer
 from testbed.protocol import Message, ProtocolError, UploadHeader, decode, encode
 from testbed.rundir import RunDir
-from testbed.runner import Experiment, RoundCallback
+from testbed.runner import Experiment, RoundCallback, tally
 from testbed.stage_timer import StageTimer
 from testbed.upload_events import CHANNEL_KEYS
 
@@ -319,11 +319,7 @@ class LabAggregator(Experiment):
         for i in range(cfg.devices):
             if i in kept:
                 vec, info = kept[i]
-                if vec is not None:
-                    decoded.append(vec)
-                if isinstance(info.get("train_loss"), float):
-                    losses.append(info["train_loss"])
-                per_device.append({**info, "resumed": True})
+                tally({**info, "resumed": True}, vec, decoded, losses, per_device)
             elif i in self._settled:
                 per_device.append(self._settled[i])
             elif i not in self._pending:
@@ -334,11 +330,7 @@ class LabAggregator(Experiment):
                 with stop.critical():
                     entry, vec = self._settle(t, i, nonce, event, answers.get(i), link,
                                               ch_rngs[i], timer)
-                if vec is not None:
-                    decoded.append(vec)
-                if isinstance(entry.get("train_loss"), float):
-                    losses.append(entry["train_loss"])
-                per_device.append(entry)
+                tally(entry, vec, decoded, losses, per_device)
         self._pending = {}
         return self._close_round(t, decoded, losses, per_device, timer, t0)
 

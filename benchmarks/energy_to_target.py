@@ -39,7 +39,7 @@ def run_row(run: Path, targets: list[float], window: int, part: str = "total") -
         d.get("energy_comm_j", 0.0) + d.get("energy_comp_j", 0.0)
         for m in metrics for d in m.get("devices", [])
     )
-    sources = sorted({str(d.get("energy_comp_source", "model (configured e_comp_j)"))
+    sources = sorted({str(d.get("energy_comp_source", "modelled (configured e_comp_j)"))
                       for m in metrics for d in m.get("devices", [])})
     priv = summary.get("privacy") or {}
     eps = [d.get("epsilon") for d in priv.get("devices", []) if d.get("epsilon") is not None]

@@ -1,0 +1,564 @@
+"""DP-PASGD (paper 000, Hu et al.): zCDP accounting and the resource-constrained planner.
+
+Pure functions, no randomness. The paper's mechanism: every local step of device ``m``
+releases the mini-batch gradient ``g = (1/X) sum_{x in batch} grad l(theta; x)`` plus
+``N(0, sigma^2 I_d)``; the models are averaged every ``tau`` steps; ``K`` local steps in all.
+With ``||grad l|| <= G`` (the paper's G-Lipschitz loss; in the testbed the per-example clip
+norm) and *replace-one* neighbours, one step has l2 sensitivity ``2G/X``, so (paper Sec. 5.2)
+
+* one step is ``rho_1 = 2 G^2 / (X^2 sigma^2)``-zCDP (Gaussian mechanism, Lemma 2),
+* ``K`` steps are ``rho = 2 K G^2 / (X^2 sigma^2)``-zCDP (Lemma 1; no subsampling
+  amplification is credited, and every step is charged although only ``K/tau`` models leave
+  the device),
+* and ``(eps, delta)``-DP with ``eps = rho + 2 sqrt(rho log(1/delta))`` (Lemma 3, eq. 9).
+
+The inverse used by the planner is the **corrected root** (SEED-NOTES 000: (23) and (25)
+take the wrong one): ``rho*(eps, delta) = (sqrt(L + eps) - sqrt(L))^2``, ``L = log(1/delta)``.
+The printed value is kept as :func:`rho_star_printed`, for the docs only.
+
+Next to it, the testbed's own figure for the same mechanism (``dp_accounting``, RDP or PLD)
+and for its record-level variant with secret Poisson sampling. Derivations and the planner's
+rounding: ``docs/peers/dp-pasgd.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+#: Accountants of the testbed figure.
+ACCOUNTANTS = ("rdp", "pld")
+#: The exhaustive planner enumerates every (K, tau); it refuses budgets allowing more steps.
+MAX_PLANNED_STEPS = 10**6
+#: PLD value discretization (nats), the record accountant's default.
+PLD_DISCRETIZATION = 1e-3
+_PAIRS_PER_CHUNK = 1 << 20
+_RELAXED_GRID = 4000
+
+
+# ---------------------------------------------------------------------------- validation
+def _real(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
+          high: float = math.inf, high_open: bool = True) -> float:
+    """``value`` as a float if it is a real number in the given interval, else ValueError."""
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+    interval = f"{left}{low:g}, {high:g}{right}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r} must be a real number in {interval}")
+    v = float(value)
+    ok_low = v > low if low_open else v >= low
+    ok_high = v < high if high_open else v <= high
+    if math.isnan(v) or not (ok_low and ok_high):
+        raise ValueError(f"{name}={value!r} must lie in {interval}")
+    return v
+
+
+def _integer(name: str, value: Any, *, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+    return int(value)
+
+
+def _delta(value: Any) -> float:
+    return _real("delta", value, low=0.0, high=1.0)
+
+
+def _eps(value: Any) -> float:
+    return _real("eps", value)
+
+
+# ---------------------------------------------------------------------------- paper accounting
+def rho_per_step(G: float, X: float, sigma: float) -> float:
+    """zCDP of one local step: ``(2G/X)^2 / (2 sigma^2) = 2 G^2 / (X^2 sigma^2)``.
+
+    Parameters
+    ----------
+    G
+        Bound on every per-example gradient's l2 norm (> 0; gradient units).
+    X
+        Mini-batch size (> 0; the average divides by it).
+    sigma
+        Std of the Gaussian noise per coordinate added to the mini-batch gradient
+        (>= 0; gradient units). ``0`` gives ``inf``.
+
+    Returns
+    -------
+    float
+        rho in nats (zCDP), replace-one neighbours.
+    """
+    G, X = _real("G", G), _real("X", X)
+    sigma = _real("sigma", sigma, low_open=False)
+    if sigma == 0.0:
+        return math.inf
+    return 2.0 * G * G / (X * X * sigma * sigma)
+
+
+def rho_total(K: int, G: float, X: float, sigma: float) -> float:
+    """zCDP of ``K`` local steps (additive composition): ``2 K G^2 / (X^2 sigma^2)``."""
+    return _integer("K", K) * rho_per_step(G, X, sigma)
+
+
+def zcdp_to_eps(rho: float, delta: float) -> float:
+    """``(eps, delta)``-DP of a ``rho``-zCDP mechanism: ``rho + 2 sqrt(rho log(1/delta))``.
+
+    Bun and Steinke 2016, Prop. 1.3 (the paper's Lemma 3). ``rho`` in ``[0, inf]``.
+    """
+    rho = _real("rho", rho, low_open=False, high_open=False)
+    log_inv = -math.log(_delta(delta))
+    if math.isinf(rho):
+        return math.inf
+    return rho + 2.0 * math.sqrt(rho * log_inv)
+
+
+def rho_star(eps: float, delta: float) -> float:
+    """Largest rho with ``zcdp_to_eps(rho, delta) <= eps`` (the corrected root).
+
+    ``sqrt(rho) = sqrt(L + eps) - sqrt(L)`` with ``L = log(1/delta)``, evaluated as
+    ``eps^2 / (sqrt(L + eps) + sqrt(L))^2`` (no cancellation for small ``eps``).
+    """
+    eps, log_inv = _eps(eps), -math.log(_delta(delta))
+    root_sum = math.sqrt(log_inv + eps) + math.sqrt(log_inv)
+    return eps * eps / (root_sum * root_sum)
+
+
+def rho_star_printed(eps: float, delta: float) -> float:
+    """**Wrong** -- the paper's printed (23)/(25) value, kept only to show the difference.
+
+    ``Z = eps + 2L + 2 sqrt(L^2 + eps L) = (sqrt(L + eps) + sqrt(L))^2``: the square of the
+    *negative* root of ``s^2 + 2 sqrt(L) s - eps = 0`` (``s = sqrt(rho)``). It equals
+    ``eps^2 / rho_star(eps, delta)`` and ``zcdp_to_eps(Z, delta) = eps + 4L + 4 sqrt(L (L +
+    eps)) > eps``: not a valid inverse. Never use it to calibrate noise.
+    """
+    eps, log_inv = _eps(eps), -math.log(_delta(delta))
+    return eps + 2.0 * log_inv + 2.0 * math.sqrt(log_inv * log_inv + eps * log_inv)
+
+
+def sigma_for(eps: float, delta: float, K: int, G: float, X: float) -> float:
+    """Smallest noise std (per coordinate) with ``K`` steps within ``(eps, delta)``.
+
+    ``sigma = (G/X) sqrt(2K / rho*(eps, delta))``, then nudged up by a few ulps if rounding
+    would put ``rho_total(K, G, X, sigma)`` above ``rho*`` or its epsilon above ``eps``: the
+    returned value never overshoots the target.
+    """
+    K = _integer("K", K)
+    G, X = _real("G", G), _real("X", X)
+    target = rho_star(eps, delta)
+    sigma = (G / X) * math.sqrt(2.0 * K / target)
+    for _ in range(64):
+        rho = rho_total(K, G, X, sigma)
+        if rho <= target and zcdp_to_eps(rho, delta) <= eps:
+            return sigma
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma * (1.0 + 1e-12)
+
+
+def paper_epsilon(K: int, G: float, X: float, sigma: float, delta: float) -> float:
+    """The paper's eq. (9): ``zcdp_to_eps(rho_total(K, G, X, sigma), delta)``."""
+    return zcdp_to_eps(rho_total(K, G, X, sigma), delta)
+
+
+def paper_noise_multiplier(sigma: float, G: float, X: float) -> float:
+    """``sigma / (2G/X)``: noise std over the paper's (replace-one) sensitivity."""
+    return _real("sigma", sigma, low_open=False) * _real("X", X) / (2.0 * _real("G", G))
+
+
+# ---------------------------------------------------------------------------- testbed figure
+def _accountant(value: Any) -> str:
+    if value not in ACCOUNTANTS:
+        raise ValueError(f"accountant={value!r} must be one of {ACCOUNTANTS}")
+    return str(value)
+
+
+def testbed_epsilon(K: int, noise_multiplier: float, delta: float,
+                    accountant: str = "rdp") -> float:
+    """Epsilon of ``K`` Gaussian mechanisms of noise multiplier ``sigma/Delta`` (dp-accounting).
+
+    Parameters
+    ----------
+    K
+        Local steps (>= 1), each charged in full: no subsampling amplification, as the paper.
+    noise_multiplier
+        ``sigma / Delta`` (> 0) with ``Delta`` the step's l2 sensitivity under the relation
+        one wants: ``2G/X`` for the paper's replace-one (:func:`paper_noise_multiplier`).
+    delta
+        Target delta in ``(0, 1)``.
+    accountant
+        ``"rdp"``: ``dp_accounting.rdp.RdpAccountant`` on the record accountant's order grid
+        with ``SelfComposedDpEvent(GaussianDpEvent(z), K)``. ``"pld"``:
+        ``dp_accounting.pld.PLDAccountant`` (value discretization ``1e-3`` nats, pessimistic)
+        on ``GaussianDpEvent(z / sqrt(K))``, which is exactly ``K`` such mechanisms composed
+        (Gaussian DP, Dong, Roth, Su 2022) and avoids a slow ``K``-fold PLD composition.
+
+    Returns
+    -------
+    float
+        Epsilon (nats), an upper bound; tighter than :func:`zcdp_to_eps` in practice.
+    """
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    from aggregator.privacy.record_rdp import ORDERS
+
+    K = _integer("K", K)
+    z = _real("noise_multiplier", noise_multiplier)
+    delta = _delta(delta)
+    if _accountant(accountant) == "rdp":
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), K)
+        acc: Any = rdp.RdpAccountant(orders=list(ORDERS))
+    else:
+        event = dp_accounting.GaussianDpEvent(z / math.sqrt(K))
+        acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    return float(acc.compose(event).get_epsilon(delta))
+
+
+def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta: float,
+                               accountant: str = "rdp", *,
+                               relation: str = "add-remove") -> float:
+    """Record-level epsilon of ``K`` Poisson-subsampled Gaussian steps, as the testbed runs them.
+
+    The testbed runs DP-PASGD with per-example clipping at ``C`` (the paper's ``G``), a
+    public expected batch ``B`` (the paper's ``X``) and Poisson sampling at rate ``q`` from a
+    secret source, so each step is a subsampled Gaussian and amplification is credited. The
+    paper credits **no** amplification (:func:`testbed_epsilon` is its like-for-like figure).
+
+    Parameters
+    ----------
+    K
+        Local steps (>= 1).
+    q
+        Poisson sampling rate in ``(0, 1]`` (``B / D`` for ``D`` local records).
+    noise_multiplier
+        ``z = sigma B / C`` (> 0): std over the **add/remove** sensitivity ``C/B``, the
+        convention of :class:`~aggregator.privacy.record_events.RecordEvent` whatever the
+        relation (the paper's replace-one multiplier is ``z/2``).
+    delta
+        Target delta in ``(0, 1)``.
+    accountant
+        ``"rdp"`` or ``"pld"``.
+    relation
+        ``"add-remove"`` (the testbed's default) or ``"replace-one"`` (the paper's; bounded
+        through the add/remove neighbour, docs/privacy.md 10.1).
+
+    Returns
+    -------
+    float
+        Epsilon from :func:`~aggregator.privacy.record_accountant.record_epsilon_for`.
+    """
+    from aggregator.privacy.record_accountant import record_epsilon_for
+
+    K = _integer("K", K)
+    q = _real("q", q, high=1.0, high_open=False)
+    z = _real("noise_multiplier", noise_multiplier)
+    return record_epsilon_for(q=q, z=z, steps=K, delta=_delta(delta),
+                              accountant=_accountant(accountant), relation=relation).epsilon
+
+
+# ---------------------------------------------------------------------------- resource model
+def resource_cost(K: int, tau: int, *, c1: float = 100.0, c2: float = 1.0) -> float:
+    """Eq. (8): ``c1 K / tau + c2 K`` (communication per round, computation per step)."""
+    K, tau = _integer("K", K), _integer("tau", tau)
+    return _real("c1", c1, low_open=False) * K / tau + _real("c2", c2) * K
+
+
+def tau_star(K: float, C_th: float, *, c1: float = 100.0, c2: float = 1.0) -> float:
+    """Eq. (22), relaxed: the ``tau`` that makes (8) tight, ``c1 K / (C_th - c2 K)``.
+
+    ``K`` real in ``(0, C_th / c2)``. The planner uses the smallest feasible integer above it.
+    """
+    C_th, c2 = _real("C_th", C_th), _real("c2", c2)
+    K = _real("K", K, high=C_th / c2)
+    return _real("c1", c1, low_open=False) * K / (C_th - c2 * K)
+
+
+def max_period(learning_rate: float, smoothness: float) -> int:
+    """Largest integer ``tau`` with ``eta L + eta^2 L^2 tau (tau - 1) <= 1`` (eq. 21e)."""
+    eta_l = _real("learning_rate", learning_rate) * _real("smoothness", smoothness)
+    if eta_l > 1.0:
+        raise ValueError(f"learning_rate={learning_rate!r} gives learning_rate * smoothness = "
+                         f"{eta_l:g}; (21e) needs it in (0, 1]")
+    cap = float(MAX_PLANNED_STEPS)
+    slack = (1.0 - eta_l) / (eta_l * eta_l)
+    tau = int(min(cap, (1.0 + math.sqrt(1.0 + 4.0 * slack)) / 2.0))
+    while tau > 1 and eta_l + eta_l * eta_l * tau * (tau - 1) > 1.0:
+        tau -= 1
+    while tau < cap and eta_l + eta_l * eta_l * (tau + 1) * tau <= 1.0:
+        tau += 1
+    return max(tau, 1)
+
+
+# ---------------------------------------------------------------------------- convergence bound
+@dataclass(frozen=True)
+class BoundConstants:
+    """Constants of Theorem 1 (none is printed in the paper: estimate them beforehand).
+
+    Attributes
+    ----------
+    d
+        Model size (number of parameters).
+    num_devices
+        ``M``.
+    smoothness
+        ``L``, Lipschitz constant of the gradient (1 / parameter units^2 times loss).
+    strong_convexity
+        ``lambda`` in ``(1/2)||grad L||^2 >= lambda (L - L*)``; ``<= smoothness``.
+    learning_rate
+        ``eta``, with ``eta * smoothness <= 1`` (eq. 21e at ``tau = 1``).
+    grad_variance
+        ``xi^2``, variance bound of the mini-batch gradient (gradient units^2).
+    initial_gap
+        ``alpha = L(theta^0) - L*`` (loss units; the paper takes the initial loss).
+    """
+
+    d: int
+    num_devices: int
+    smoothness: float
+    strong_convexity: float
+    learning_rate: float
+    grad_variance: float
+    initial_gap: float
+
+    def __post_init__(self) -> None:
+        _integer("d", self.d)
+        _integer("num_devices", self.num_devices)
+        smooth = _real("smoothness", self.smoothness)
+        _real("strong_convexity", self.strong_convexity, high=smooth, high_open=False)
+        max_period(self.learning_rate, smooth)  # validates learning_rate
+        _real("grad_variance", self.grad_variance, low_open=False)
+        _real("initial_gap", self.initial_gap, low_open=False)
+
+    def floor(self, tau: Any, sigma2: Any) -> Any:
+        """Eq. (13)/(21b): ``B = (eta L + eta^2 L^2 (tau-1) M)/(2 lambda M) (xi^2 + d sigma^2)``."""
+        eta, lip, lam, m = (self.learning_rate, self.smoothness, self.strong_convexity,
+                            self.num_devices)
+        factor = (eta * lip + eta * eta * lip * lip * (tau - 1.0) * m) / (2.0 * lam * m)
+        return factor * (self.grad_variance + self.d * sigma2)
+
+    def bound(self, K: Any, tau: Any, sigma2: Any) -> Any:
+        """Eq. (12)/(21a): ``(1 - eta lambda)^K (alpha - B) / K + B`` (arrays broadcast)."""
+        b = self.floor(tau, sigma2)
+        with np.errstate(divide="ignore"):
+            decay = np.exp(K * np.log1p(-self.learning_rate * self.strong_convexity))
+        return decay * (self.initial_gap - b) / K + b
+
+
+def convergence_bound(K: int, tau: int, sigma: float, constants: BoundConstants) -> float:
+    """Theorem 1, as printed: bound on ``E[L(theta*) - L*]`` after ``K`` steps (loss units).
+
+    ``K`` must be a multiple of ``tau`` (the theorem's assumption); ``sigma`` is the noise
+    std per coordinate (every device the same).
+    """
+    K, tau = _integer("K", K), _integer("tau", tau)
+    if K % tau:
+        raise ValueError(f"K={K} must be a multiple of tau={tau} (Theorem 1)")
+    if tau > max_period(constants.learning_rate, constants.smoothness):
+        raise ValueError(f"tau={tau} violates (21e) for learning_rate="
+                         f"{constants.learning_rate!r}, smoothness={constants.smoothness!r}")
+    sigma = _real("sigma", sigma, low_open=False)
+    return float(constants.bound(float(K), float(tau), sigma * sigma))
+
+
+# ---------------------------------------------------------------------------- planner
+@dataclass(frozen=True)
+class DpPasgdPlan:
+    """A DP-PASGD configuration: ``K`` local steps, averaging every ``tau``, noise ``sigma``.
+
+    Attributes
+    ----------
+    K, tau, rounds
+        Local steps, averaging period and uploads (``K = rounds * tau``).
+    sigma
+        Noise std per coordinate added to each mini-batch gradient (gradient units).
+    noise_multiplier
+        ``sigma / (2G/X)`` (replace-one).
+    rho, rho_star
+        zCDP spent (``2 K G^2/(X^2 sigma^2)``) and allowed (corrected root), nats.
+    eps_zcdp
+        ``zcdp_to_eps(rho, delta)`` (paper accounting, corrected root), ``<= eps_target``.
+    sigma_printed_root, eps_printed_root
+        What the printed (23) would set for this ``K``, and the epsilon it really gives.
+    cost
+        Eq. (8) at ``(K, tau)``, ``<= C_th``.
+    objective, floor
+        Theorem 1's bound at the plan and its ``B`` term (loss units).
+    k_relaxed, tau_relaxed
+        The paper's continuous solution of (24) (corrected root, ``tau >= 1``), for comparison.
+    cost_paper_rounding
+        Eq. (8) at ``(round(k_relaxed), max(1, round(tau_relaxed)))``: the paper's heuristic,
+        which may exceed ``C_th`` and need not have ``tau | K``.
+    """
+
+    eps_target: float
+    delta: float
+    C_th: float
+    c1: float
+    c2: float
+    G: float
+    X: float
+    d: int
+    num_devices: int
+    smoothness: float
+    strong_convexity: float
+    learning_rate: float
+    grad_variance: float
+    initial_gap: float
+    K: int
+    tau: int
+    rounds: int
+    sigma: float
+    noise_multiplier: float
+    rho: float
+    rho_star: float
+    eps_zcdp: float
+    sigma_printed_root: float
+    eps_printed_root: float
+    cost: float
+    objective: float
+    floor: float
+    k_relaxed: float
+    tau_relaxed: float
+    cost_paper_rounding: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (plain ints and floats, all finite)."""
+        out = asdict(self)
+        out["accounting"] = "zcdp-paper-corrected-root"
+        return out
+
+
+def _pairs(C_th: float, c1: float, c2: float, tau_cap: int) -> Any:
+    """Yield chunks ``(K, tau)`` of every integer pair with ``tau | K`` within budget (8)."""
+    tau_hi = min(tau_cap, int((C_th - c1) / c2) + 1)
+    taus = np.arange(1, tau_hi + 1, dtype=np.int64)
+    r_max = np.floor(C_th / (c1 + c2 * taus)).astype(np.int64) + 1  # one spare, filtered
+    start = 0
+    while start < taus.size:
+        counts = np.cumsum(r_max[start:])
+        stop = start + max(1, int(np.searchsorted(counts, _PAIRS_PER_CHUNK, side="right")))
+        t, n = taus[start:stop], r_max[start:stop]
+        tau = np.repeat(t, n)
+        offsets = np.repeat(np.cumsum(n) - n, n)
+        rounds = np.arange(tau.size, dtype=np.int64) - offsets + 1
+        K = rounds * tau
+        cost = c1 * K / tau + c2 * K  # the formula resource_cost uses, element by element
+        keep = cost <= C_th
+        yield K[keep], tau[keep]
+        start = stop
+
+
+def _relaxed(C_th: float, c1: float, c2: float, tau_cap: int, sigma2_per_step: float,
+             constants: BoundConstants) -> tuple[float, float]:
+    """Minimise (24) over real ``K`` with ``tau = max(1, tau*(K)) <= tau_cap``."""
+    from scipy import optimize
+
+    k_hi = C_th / c2 * tau_cap / (tau_cap + c1 / c2)  # tau*(k_hi) = tau_cap
+    if k_hi <= 1.0:
+        return 1.0, 1.0
+
+    def period(k: Any) -> Any:  # (22), at least 1; c1 = 0 makes communication free
+        return np.maximum(1.0, c1 * k / (C_th - c2 * k)) if c1 > 0 else np.ones_like(k)
+
+    def f(k: Any) -> Any:
+        return constants.bound(k, period(k), sigma2_per_step * k)
+
+    grid = np.unique(np.concatenate([np.geomspace(1.0, k_hi, _RELAXED_GRID),
+                                     np.linspace(1.0, k_hi, _RELAXED_GRID)]))
+    i = int(np.argmin(f(grid)))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
+    k = grid[i]
+    if hi > lo:
+        res = optimize.minimize_scalar(lambda x: float(f(np.float64(x))), bounds=(lo, hi),
+                                       method="bounded", options={"xatol": 1e-9 * hi})
+        if res.fun <= f(k):
+            k = float(res.x)
+    return float(k), float(period(np.float64(k)))
+
+
+def plan_dp_pasgd(eps: float, delta: float, C_th: float, *, c1: float = 100.0,
+                  c2: float = 1.0, G: float, X: float, d: int, num_devices: int,
+                  smoothness: float, strong_convexity: float, learning_rate: float,
+                  grad_variance: float, initial_gap: float) -> DpPasgdPlan:
+    """Best ``(K, tau, sigma)`` for Theorem 1's bound under the privacy and resource budgets.
+
+    Problem (21): minimise (21a) over integers ``K, tau`` and ``sigma`` subject to (21c) (with
+    the corrected root), (21d) and (21e). The bound grows with ``sigma`` and, for fixed ``K``,
+    with ``tau``; so ``sigma = sigma_for(eps, delta, K, G, X)``. Instead of the paper's
+    heuristic (relax, descend on (24), round ``K*`` and ``tau*`` to the nearest integers) every
+    integer pair with ``tau | K`` (Theorem 1 and (8) assume it), ``tau`` within (21e) and
+    ``c1 K/tau + c2 K <= C_th`` is evaluated: the optimum of the integer problem, which is
+    the smallest divisor of ``K`` not below ``tau*`` (22) for the best ``K``. Ties go to the
+    smallest ``K``. The relaxed solution is reported beside it.
+
+    Parameters
+    ----------
+    eps, delta
+        Privacy target ``eps > 0``, ``delta in (0, 1)`` (paper default ``delta = 1e-4``).
+    C_th
+        Resource budget, ``>= c1 + c2`` (one step and one upload).
+    c1, c2
+        Cost of one upload (averaging round) and of one local step (paper: 100 and 1).
+    G, X
+        Per-example gradient norm bound and mini-batch size (> 0).
+    d, num_devices, smoothness, strong_convexity, learning_rate, grad_variance, initial_gap
+        Theorem 1's constants (:class:`BoundConstants`); the paper prints none.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, its value and the allowed range.
+    """
+    eps, delta = _eps(eps), _delta(delta)
+    c1 = _real("c1", c1, low_open=False)
+    c2 = _real("c2", c2)
+    C_th = _real("C_th", C_th, low=c1 + c2, low_open=False)
+    if (C_th - c1) / c2 > MAX_PLANNED_STEPS:
+        raise ValueError(f"C_th={C_th!r} allows up to {(C_th - c1) / c2:.3g} local steps; the "
+                         f"exhaustive search takes C_th <= c1 + c2 * {MAX_PLANNED_STEPS}")
+    G, X = _real("G", G), _real("X", X)
+    constants = BoundConstants(d, num_devices, smoothness, strong_convexity, learning_rate,
+                               grad_variance, initial_gap)
+    tau_cap = max_period(learning_rate, smoothness)
+    target = rho_star(eps, delta)
+    sigma2_per_step = 2.0 * G * G / (X * X * target)  # sigma^2 = K * this
+
+    best: tuple[float, int, int] | None = None
+    for K, tau in _pairs(C_th, c1, c2, tau_cap):
+        if K.size == 0:
+            continue
+        values = constants.bound(K.astype(np.float64), tau.astype(np.float64),
+                                 sigma2_per_step * K)
+        order = np.lexsort((tau, K, values))  # smallest bound, then K, then tau
+        i = int(order[0])
+        cand = (float(values[i]), int(K[i]), int(tau[i]))
+        if best is None or (cand[0], cand[1], cand[2]) < best:
+            best = cand
+    assert best is not None  # K = tau = 1 is always feasible once C_th >= c1 + c2
+    _, K_best, tau_best = best
+
+    sigma = sigma_for(eps, delta, K_best, G, X)
+    rho = rho_total(K_best, G, X, sigma)
+    cost = resource_cost(K_best, tau_best, c1=c1, c2=c2)
+    if cost > C_th or K_best % tau_best:  # the enumeration guarantees both
+        raise AssertionError(f"plan K={K_best}, tau={tau_best} breaks the budget")
+    sigma_printed = (G / X) * math.sqrt(2.0 * K_best / rho_star_printed(eps, delta))
+    k_rel, tau_rel = _relaxed(C_th, c1, c2, tau_cap, sigma2_per_step, constants)
+    k_round, tau_round = max(1, round(k_rel)), max(1, round(tau_rel))
+    return DpPasgdPlan(
+        eps_target=eps, delta=delta, C_th=C_th, c1=c1, c2=c2, G=G, X=X,
+        d=constants.d, num_devices=constants.num_devices,
+        smoothness=float(constants.smoothness),
+        strong_convexity=float(constants.strong_convexity),
+        learning_rate=float(constants.learning_rate),
+        grad_variance=float(constants.grad_variance),
+        initial_gap=float(constants.initial_gap),
+        K=K_best, tau=tau_best, rounds=K_best // tau_best, sigma=sigma,
+        noise_multiplier=paper_noise_multiplier(sigma, G, X), rho=rho, rho_star=target,
+        eps_zcdp=zcdp_to_eps(rho, delta), sigma_printed_root=sigma_printed,
+        eps_printed_root=paper_epsilon(K_best, G, X, sigma_printed, delta), cost=cost,
+        objective=convergence_bound(K_best, tau_best, sigma, constants),
+        floor=float(constants.floor(float(tau_best), sigma * sigma)),
+        k_relaxed=k_rel, tau_relaxed=tau_rel,
+        cost_paper_rounding=resource_cost(k_round, tau_round, c1=c1, c2=c2),
+    )

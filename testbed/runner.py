@@ -427,19 +427,32 @@ class Experiment:
         link: Link,
         rng: np.random.Generator,
         timer: StageTimer,
+        *,
+        received: Reception | LinkError | None = None,
+        energy_comm_j: float | None = None,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         """Carry device ``i``'s symbols over the link, record the upload under the intent
         ``nonce`` (journalled before the air) and decode it.
+
+        ``received``: what a receiver already captured of this upload (the lab's USRP split,
+        where the edge transmitted its own burst), instead of carrying ``symbols`` over
+        ``link``; ``energy_comm_j``: the radio energy the edge reported (J), instead of the
+        one computed from ``symbol_energy``.
 
         Returns its metrics entry and decoded differential (``None`` when lost). A dead
         link raises :class:`LinkFailed` after the upload is recorded without channel credit.
         """
         log_air(i, t, nonce)
+
+        def carry() -> Reception:
+            if isinstance(received, LinkError):
+                raise received
+            if received is not None:
+                return received
+            return link.transmit(device=i, round_index=t, symbols=symbols, rng=rng)
+
         try:
-            reception = timer.timed(
-                "link",
-                lambda: link.transmit(device=i, round_index=t, symbols=symbols, rng=rng),
-            )
+            reception = timer.timed("link", carry)
         except LinkError as exc:
             # It may have gone on air: it counts for privacy, with no channel credit.
             self.last_committed = self._event(i, t, None)
@@ -468,7 +481,11 @@ class Experiment:
             g_hat = project_coordinates(
                 g_hat, (self.d / up.l) * self.cfg.clip.bound / np.sqrt(self.d)
             )
-        info["energy_comm_j"] = symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
+        info["energy_comm_j"] = (
+            symbol_energy * self.hw.tx_power_ref_w / self.hw.symbol_rate_hz
+            if energy_comm_j is None
+            else energy_comm_j
+        )
         info["energy_comp_j"] = energy_comp_j  # J, this device's local training
         info["energy_comp_source"] = energy_comp_source
         info["alpha"] = header.alpha

@@ -42,6 +42,7 @@ from testbed.links import check_link_config, link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
 from testbed.outcome import exit_code, trust_statement
+from testbed.peer_accounting import peer_report
 from testbed.protocol import UploadHeader
 from testbed.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
@@ -230,9 +231,7 @@ class Experiment:
                 reason = self._target_reason(hit - 1)
                 start_round = cfg.rounds
         try:
-            with StopSignals() as stop, make_link(
-                cfg, self.hw, record_dir, log_dir=self.rundir.path
-            ) as link:
+            with StopSignals() as stop, self._open_link(record_dir) as link:
                 for t in range(start_round, cfg.rounds):
                     stop.check()
                     line = self._round(t, link, stop)
@@ -275,6 +274,12 @@ class Experiment:
             self.rundir.write_summary(summary)
             self.rundir.close()
         return summary
+
+    def _open_link(self, record_dir: Path | None) -> Link:
+        """The run's link, started (closed when the run ends); ``record_dir``: where I/Q
+        recordings go (``record: true``). A subclass may open another (the lab's split
+        ``usrp`` receiver)."""
+        return make_link(self.cfg, self.hw, record_dir, log_dir=self.rundir.path)
 
     def _target_reason(self, t: int) -> str:
         """The summary's reason of a run ended by ``stop_at_loss`` at round ``t``."""
@@ -539,6 +544,10 @@ class Experiment:
                 }
             if self.book is not None:
                 entry |= self.book.report(i)
+                if self.record:
+                    peer = peer_report(self.cfg, self.record[i], int(entry["uploads"]))
+                    if peer is not None:
+                        entry["epsilon_peer_paper"] = peer
             else:
                 entry["epsilon"] = None
             devices.append(entry)

@@ -48,6 +48,8 @@ SCHEMES: dict[str, SchemeSpec] = {
     "channel-dp": SchemeSpec("before", False, False, True),
     "ee-dp-fl": SchemeSpec("before", True, True, True),
     "noise-after-compression": SchemeSpec("after", True, True, True),
+    # 000 DP-PASGD: DP-SGD steps on the device (per-step noise), averaging every tau steps
+    "dp-pasgd": SchemeSpec("before", False, False, False),
 }
 
 

@@ -97,13 +97,14 @@ def read_scenario_file(path: str | Path | None) -> ScenarioFile:
         return ScenarioFile.model_validate({})
     p = Path(path)
     data = read_yaml_mapping(p, "scenario file")
-    if "solver" in data:
-        extra = sorted(str(k) for k in set(data) - {"solver"})
+    if "solver" in data or "peers" in data:
+        extra = sorted(str(k) for k in set(data) - {"solver", "peers"})
         if extra:
             raise ConfigError(
-                f"scenario file key {short_repr(extra[0])}: unknown key (allowed: solver)"
+                f"scenario file key {short_repr(extra[0])}: unknown key (allowed: solver, "
+                "peers)"
             )
-        data = data["solver"] or {}
+        data = data.get("solver") or {}
         if not isinstance(data, dict):
             raise ConfigError(
                 f"scenario file key 'solver': got {short_repr(data)}; allowed: a mapping"

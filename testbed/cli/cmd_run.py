@@ -105,8 +105,12 @@ def plan_overrides(path: Path) -> list[str]:
     reports the round and energy at which the run reached it); everything else the plan
     assumed is checked by the run (:func:`testbed.schemes.load_checked_plan`).
     """
+    from aggregator.peers.plan_config import peer_plan_overrides
     from aggregator.solver.plan_file import load_plan
 
+    peer = peer_plan_overrides(path)
+    if peer is not None:  # a peer system's plan (testbed plan --scheme dp-pasgd)
+        return peer
     plan = load_plan(path)
     out = [f"plan={path}", f"scheme={plan.scheme}", f"rounds={plan.K}",
            f"privacy.unit={plan.unit}"]

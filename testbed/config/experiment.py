@@ -33,6 +33,7 @@ SCHEMES = (
     "channel-dp",
     "ee-dp-fl",
     "noise-after-compression",
+    "dp-pasgd",
 )
 LINKS = ("symbol", "waveform", "gnuradio", "usrp")
 DATASETS = ("fashion-mnist", "mnist", "cifar10")
@@ -229,7 +230,8 @@ class ExperimentConfig(_Strict):
     )
     model: Literal["mnist-cnn", "cifar-cnn", "logreg"] = "mnist-cnn"
     scheme: Literal[
-        "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression"
+        "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression",
+        "dp-pasgd",
     ] = "fedavg"
     link: Literal["symbol", "waveform", "gnuradio", "usrp"] | None = Field(
         None, description="overrides the hardware config's link"
@@ -332,6 +334,14 @@ class ExperimentConfig(_Strict):
                 f"got {len(self.snr_db)}"
             )
         private = self.scheme != "fedavg"
+        if self.scheme == "dp-pasgd" and (
+            self.privacy.unit != "record" or self.privacy.noise != "per-step"
+        ):
+            raise ValueError(
+                f"scheme: 'dp-pasgd' (000) adds noise at every local step of every record's "
+                f"clipped gradient; it needs privacy.unit=record and privacy.noise=per-step "
+                f"(got {self.privacy.unit!r} and {self.privacy.noise!r})"
+            )
         if private and self.privacy.unit == "record":
             if self.scheme == "noise-after-compression":
                 raise ValueError(

@@ -40,11 +40,15 @@ class LocalUpload:
         Poisson batches were all empty).
     comp
         The computing energy of the local training (J) and where it came from.
+    differential
+        The (noisy) local differential before encoding, shape ``(d,)``; what a scheme that
+        does not use the analog link (secure aggregation) sends.
     """
 
     upload: EncodedUpload
     train_loss: float
     comp: Measurement
+    differential: np.ndarray | None = None
 
 
 class DeviceWorker:
@@ -132,7 +136,7 @@ class DeviceWorker:
             partial(self.encoder.encode, local.differential, device=i, round_index=t,
                     quant_rng=q_rng),
         )
-        return LocalUpload(upload, float(local.mean_loss), comp)
+        return LocalUpload(upload, float(local.mean_loss), comp, local.differential)
 
     def _train(self, w: np.ndarray, rng: np.random.Generator) -> Any:
         cfg = self.cfg

@@ -9,6 +9,7 @@ global model, then evaluates it on the test set.
 from __future__ import annotations
 
 import platform
+import secrets
 import time
 import traceback
 import warnings
@@ -30,7 +31,7 @@ from radio.analog import n_symbols_for
 from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed import __version__
-from testbed.config.experiment import ExperimentConfig
+from testbed.config.experiment import SAMPLED_SCHEMES, ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import dump_yaml, load_experiment, load_hardware
 from testbed.data.datasets import Dataset, load_dataset
@@ -48,6 +49,7 @@ from testbed.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
 from testbed.rundir import RunDir, RunDirError
 from testbed.schemes import DeviceUplink, resolve_uplinks
+from testbed.secure_aggregation import secure_sum
 from testbed.seeding import Stream, experiment_generator, new_run_secret
 from testbed.stage_timer import StageTimer
 from testbed.upload_events import channel_fields, upload_event
@@ -334,16 +336,22 @@ class Experiment:
         timer = StageTimer()
         t0 = time.perf_counter()
         kept = self.rundir.load_inflight(t)  # uploads of this round before an interruption
-        gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept)))
-        if not kept and all(g is None for g in gated):
+        selected = self.selected_devices(t)
+        unselected = set(range(cfg.devices)) - selected
+        gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept) | unselected))
+        if not kept and all(gated[i] is None for i in selected):
             return None
         decoded: list[np.ndarray] = []
         losses: list[float] = []
         per_device: list[dict[str, Any]] = []
+        secagg: dict[int, np.ndarray] = {}
         for i in range(cfg.devices):
             if i in kept:
                 vec, info = kept[i]
                 tally({**info, "resumed": True}, vec, decoded, losses, per_device)
+                continue
+            if i in unselected:
+                per_device.append({"device": i, "transmitted": False, "skipped": "not selected"})
                 continue
             event = gated[i]
             if event is None:
@@ -353,6 +361,12 @@ class Experiment:
             if np.isfinite(local.train_loss):
                 losses.append(local.train_loss)
             stop.check()  # a requested stop never lets another upload go on air
+            if cfg.scheme == "zcdp-secagg":
+                with stop.critical():
+                    per_device.append(self._masked_upload(t, i, event, local))
+                assert local.differential is not None
+                secagg[i] = local.differential
+                continue
             with stop.critical():
                 info, g_hat = self._transmit(t, i, event, local, link, ch_rngs[i], timer)
                 info["train_loss"] = local.train_loss
@@ -361,7 +375,41 @@ class Experiment:
             if g_hat is not None:
                 decoded.append(g_hat)
             per_device.append(info)
-        return self._close_round(t, decoded, losses, per_device, timer, t0)
+        if secagg:
+            decoded.append(timer.timed("secagg", lambda: secure_sum(secagg, t)))
+        n_avg = len(selected) if cfg.scheme in SAMPLED_SCHEMES else cfg.devices
+        return self._close_round(t, decoded, losses, per_device, timer, t0, n_avg=n_avg)
+
+    def selected_devices(self, t: int) -> set[int]:
+        """Devices asked to upload in round ``t``: every device, or for 004 the ``b`` next in
+        round robin, for 002 ``r`` drawn with the OS CSPRNG (``clients_per_round``)."""
+        cfg = self.cfg
+        n, k = cfg.devices, cfg.clients_per_round
+        if k is None or k >= n:
+            return set(range(n))
+        if cfg.scheme == "fedsgd-dpc":
+            return {(t * k + j) % n for j in range(k)}
+        return set(secrets.SystemRandom().sample(range(n), k))
+
+    def _masked_upload(
+        self, t: int, i: int, gated: UploadEvent | RecordEvent, local: LocalUpload
+    ) -> dict[str, Any]:
+        """Record device ``i``'s secure-aggregation upload of round ``t``: masked integers on
+        the control plane (they cannot cross an analog channel), so no channel credit."""
+        if self.book is not None:
+            nonce = self.book.begin(gated)
+            self.last_committed = self._event(i, t, None)
+            self.book.commit(self.last_committed, nonce)
+        info: dict[str, Any] = {
+            "device": i, "transmitted": True, "train_loss": local.train_loss,
+            "carrier": "control plane (secure aggregation: masked integers, not the radio)",
+            "energy_comm_j": 0.0, "energy_comp_j": local.comp.energy_j,
+            "energy_comp_source": local.comp.source, "sigma": self.uplinks[i].sigma,
+        }
+        if self.book is not None:
+            for name, result in self.book.epsilon(i).items():
+                info[f"epsilon_{name}"] = result.epsilon
+        return info
 
     def _close_round(
         self,
@@ -371,12 +419,17 @@ class Experiment:
         per_device: list[dict[str, Any]],
         timer: StageTimer,
         t0: float,
+        *,
+        n_avg: int | None = None,
     ) -> dict[str, Any]:
         """Aggregate round ``t``'s decoded differentials, evaluate, and build its metrics
-        line (``per_device``: one entry per device, in device order)."""
+        line (``per_device``: one entry per device, in device order). ``n_avg``: the number
+        the sum is divided by (default every device, 003 eq. 14; the devices asked, for the
+        schemes that sample devices)."""
         cfg = self.cfg
+        over = cfg.devices if n_avg is None else max(1, n_avg)
         self.w = timer.timed(
-            "aggregate", lambda: global_update(self.w, average(decoded, cfg.devices), cfg.lr)
+            "aggregate", lambda: global_update(self.w, average(decoded, over), cfg.lr)
         )
         lost = [d["device"] for d in per_device if d.get("lost")]
         line: dict[str, Any] = {

@@ -50,6 +50,10 @@ SCHEMES: dict[str, SchemeSpec] = {
     "noise-after-compression": SchemeSpec("after", True, True, True),
     # 000 DP-PASGD: DP-SGD steps on the device (per-step noise), averaging every tau steps
     "dp-pasgd": SchemeSpec("before", False, False, False),
+    # 004 FedSGD-DPC: b of N devices per round, one noisy step each
+    "fedsgd-dpc": SchemeSpec("before", False, False, False),
+    # 002: r of n devices, tau noisy steps, secure aggregation on the control plane
+    "zcdp-secagg": SchemeSpec("before", False, False, False),
 }
 
 

@@ -34,7 +34,11 @@ SCHEMES = (
     "ee-dp-fl",
     "noise-after-compression",
     "dp-pasgd",
+    "fedsgd-dpc",
+    "zcdp-secagg",
 )
+#: Peer schemes that sample devices per round (``clients_per_round``: 004's b, 002's r).
+SAMPLED_SCHEMES = ("fedsgd-dpc", "zcdp-secagg")
 LINKS = ("symbol", "waveform", "gnuradio", "usrp")
 DATASETS = ("fashion-mnist", "mnist", "cifar10")
 MODELS = ("mnist-cnn", "cifar-cnn", "logreg")
@@ -231,8 +235,15 @@ class ExperimentConfig(_Strict):
     model: Literal["mnist-cnn", "cifar-cnn", "logreg"] = "mnist-cnn"
     scheme: Literal[
         "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression",
-        "dp-pasgd",
+        "dp-pasgd", "fedsgd-dpc", "zcdp-secagg",
     ] = "fedavg"
+    clients_per_round: int | None = Field(
+        None, ge=1, le=100_000,
+        description=(
+            "fedsgd-dpc (004): b devices per round, round robin; zcdp-secagg (002): r devices "
+            "per round, drawn with the OS CSPRNG; null = every device"
+        ),
+    )
     link: Literal["symbol", "waveform", "gnuradio", "usrp"] | None = Field(
         None, description="overrides the hardware config's link"
     )
@@ -334,6 +345,35 @@ class ExperimentConfig(_Strict):
                 f"got {len(self.snr_db)}"
             )
         private = self.scheme != "fedavg"
+        if self.clients_per_round is not None:
+            if self.scheme not in SAMPLED_SCHEMES:
+                raise ValueError(
+                    f"clients_per_round: got {self.clients_per_round}; only for schemes "
+                    f"{SAMPLED_SCHEMES} (scheme is {self.scheme!r})"
+                )
+            if self.clients_per_round > self.devices:
+                raise ValueError(
+                    f"clients_per_round: got {self.clients_per_round}; at most devices "
+                    f"({self.devices})"
+                )
+        if self.scheme == "zcdp-secagg" and (self.clients_per_round or self.devices) < 3:
+            raise ValueError(
+                "clients_per_round: secure aggregation (zcdp-secagg) needs at least 3 devices "
+                f"per round, got {self.clients_per_round or self.devices}"
+            )
+        if self.scheme in ("dp-pasgd", *SAMPLED_SCHEMES) and (
+            self.privacy.unit != "record" or self.privacy.noise != "per-step"
+        ):
+            raise ValueError(
+                f"scheme: {self.scheme!r} adds noise at every local step of every record's "
+                f"clipped gradient; it needs privacy.unit=record and privacy.noise=per-step "
+                f"(got {self.privacy.unit!r} and {self.privacy.noise!r})"
+            )
+        if self.scheme == "fedsgd-dpc" and self.local_steps != 1:
+            raise ValueError(
+                f"local_steps: got {self.local_steps}; fedsgd-dpc (004) replies with one local "
+                "step per round (FedSGD): set local_steps=1"
+            )
         if self.scheme == "dp-pasgd" and (
             self.privacy.unit != "record" or self.privacy.noise != "per-step"
         ):

@@ -241,7 +241,7 @@ class Experiment:
                         status = "budget_exhausted"
                         reason = (
                             f"round {t}: no device can upload without passing its epsilon "
-                            f"target {cfg.privacy.epsilon} ({cfg.privacy.accounting} accounting)"
+                            f"target {cfg.privacy.epsilon} ({cfg.privacy.enforced} accounting)"
                         )
                         break
                     with stop.critical():

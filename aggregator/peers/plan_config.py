@@ -26,7 +26,7 @@ from testbed.config.safe_yaml import read_yaml_mapping
 #: Format tag of a peer plan file.
 PEER_PLAN_FORMAT = "dpfl-peer-plan/1"
 #: Peer schemes with a planner.
-PEER_PLANNERS = ("dp-pasgd",)
+PEER_PLANNERS = ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg")
 
 
 class DpPasgdScenario(BaseModel):
@@ -44,7 +44,46 @@ class DpPasgdScenario(BaseModel):
     initial_gap: float = Field(ge=0, description="F(w_0) - F* (the initial loss gap)")
 
 
-def read_peer_scenario(path: str | Path | None, scheme: str) -> DpPasgdScenario:
+class FedsgdDpcScenario(BaseModel):
+    """``peers: fedsgd-dpc:``: 004's mechanism (Gaussian; the paper fixes T for it) and its
+    convergence constants (docs/peers/fedsgd-dpc.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    mechanism: str = Field("gaussian", pattern="^gaussian$",
+                           description="gaussian (Laplace is not run by the testbed yet)")
+    T: int = Field(100, ge=1, le=1_000_000, description="rounds (the paper fixes T = 100)")
+    smoothness: float = Field(gt=0)
+    strong_convexity: float = Field(gt=0)
+    grad_bound: float = Field(gt=0)
+    non_iid: float = Field(ge=0)
+    initial_gap: float = Field(ge=0)
+
+
+class ZcdpSecaggScenario(BaseModel):
+    """``peers: zcdp-secagg:``: 002's r devices per round, tau local steps, T rounds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    r: int = Field(ge=3, le=100_000, description="devices per round (secure aggregation: >= 3)")
+    tau: int = Field(1, ge=1, le=100_000, description="local steps per round")
+    T: int = Field(ge=1, le=1_000_000, description="rounds")
+    credit: bool = Field(
+        False,
+        description=(
+            "plan with 002's 1/r secure-aggregation credit (trusts non-colluding peers); the "
+            "run's enforced accounting does not credit it, so such a plan is usually refused"
+        ),
+    )
+
+
+_SCENARIOS: dict[str, type[BaseModel]] = {
+    "dp-pasgd": DpPasgdScenario, "fedsgd-dpc": FedsgdDpcScenario,
+    "zcdp-secagg": ZcdpSecaggScenario,
+}
+
+
+def read_peer_scenario(path: str | Path | None, scheme: str) -> Any:
     """The ``peers: SCHEME:`` mapping of a scenario file.
 
     Raises
@@ -53,16 +92,114 @@ def read_peer_scenario(path: str | Path | None, scheme: str) -> DpPasgdScenario:
         No file, no such section, or a bad key (named).
     """
     if path is None:
+        keys = ", ".join(_SCENARIOS[scheme].model_fields)
         raise ConfigError(
-            f"--scenario: the {scheme} planner needs Theorem 1's constants in a scenario file "
-            f"('peers: {scheme}: {{budget, smoothness, strong_convexity, grad_variance, "
-            "initial_gap}}'; docs/peers/dp-pasgd.md)"
+            f"--scenario: the {scheme} planner needs a scenario file with 'peers: {scheme}: "
+            f"{{{keys}}}' (docs/peers/{scheme}.md)"
         )
     data = read_yaml_mapping(Path(path), "scenario file")
     section = (data.get("peers") or {}).get(scheme) if isinstance(data.get("peers"), dict) else None
     if section is None:
         raise ConfigError(f"scenario file '{path}' key 'peers.{scheme}': missing")
-    return validate(DpPasgdScenario, section, f"scenario peers.{scheme}")
+    return validate(_SCENARIOS[scheme], section, f"scenario peers.{scheme}")
+
+
+def plan_peer(scheme: str, cfg: ExperimentConfig, d: int, sizes: list[int], sc: Any
+              ) -> tuple[Any, dict[str, Any]]:
+    """The peer ``scheme``'s own plan for this config and the overrides a run follows it
+    with; ``sizes``: each device's data set size."""
+    if scheme == "dp-pasgd":
+        plan, overrides = plan_for_config(cfg, d, sc)
+    else:
+        try:
+            if scheme == "fedsgd-dpc":
+                plan, overrides = _plan_fedsgd_dpc(cfg, d, sizes, sc)
+            else:
+                plan, overrides = _plan_zcdp_secagg(cfg, sizes, sc)
+        except ValueError as exc:
+            raise ConfigError(f"{scheme} plan: {exc}") from None
+    check_run_accepts(cfg, sizes, scheme, overrides)
+    return plan, overrides
+
+
+class PeerPlanRefused(RuntimeError):
+    """The run, which enforces the testbed's accounting, would refuse the paper's plan."""
+
+
+def check_run_accepts(cfg: ExperimentConfig, sizes: list[int], scheme: str,
+                      overrides: dict[str, Any]) -> float:
+    """The testbed's epsilon of the plan's noise if every device took part in every round
+    (the run calibrates and gates per device the same way); returns it.
+
+    Raises
+    ------
+    PeerPlanRefused
+        Above the config's target: the run would stop with ``budget_exhausted``.
+    """
+    from aggregator.privacy.record_accountant import record_epsilon_for
+
+    q = cfg.batch_size / min(sizes) if cfg.privacy.secure_sampling else 1.0
+    steps = int(overrides["rounds"]) * int(overrides["local_steps"])
+    eps = record_epsilon_for(
+        q=min(1.0, q), z=float(overrides["privacy.noise_multiplier"]), steps=steps,
+        delta=cfg.privacy.delta, accountant=cfg.privacy.accountant,
+        relation=cfg.privacy.relation,
+    ).epsilon
+    if eps > cfg.privacy.epsilon:
+        raise PeerPlanRefused(
+            f"{scheme}: the paper's plan (noise multiplier "
+            f"{overrides['privacy.noise_multiplier']:.4g}) gives epsilon {eps:.4g} > "
+            f"{cfg.privacy.epsilon:g} under the run's accounting ({cfg.privacy.accountant}, "
+            f"Poisson sampling, no secure-aggregation credit); the run would refuse it"
+            + (" (the plan relies on 002's 1/r credit: set credit: false)" if scheme ==
+               "zcdp-secagg" else "")
+        )
+    return float(eps)
+
+
+def _plan_fedsgd_dpc(cfg: ExperimentConfig, d: int, sizes: list[int], sc: FedsgdDpcScenario
+                     ) -> tuple[Any, dict[str, Any]]:
+    from aggregator.peers.fedsgd_dpc import (
+        ConvergenceConstants,
+        gaussian_noise_multiplier,
+        plan_fedsgd_dpc,
+    )
+
+    n_i = float(min(sizes))
+    q = cfg.batch_size / n_i
+    consts = ConvergenceConstants(
+        smoothness=sc.smoothness, strong_convexity=sc.strong_convexity,
+        grad_bound=sc.grad_bound, non_iid=sc.non_iid, initial_gap=sc.initial_gap,
+    )
+    plan = plan_fedsgd_dpc(
+        cfg.privacy.epsilon, cfg.privacy.delta, cfg.devices, "gaussian", consts, dim=d,
+        n_samples=n_i, clip=cfg.privacy.example_clip, q=q, T_fixed=sc.T,
+    )
+    z = gaussian_noise_multiplier(plan.noise_scale, q=q, clip_l2=cfg.privacy.example_clip,
+                                  local_size=n_i)
+    return plan, {
+        "scheme": "fedsgd-dpc", "privacy.unit": "record", "privacy.noise": "per-step",
+        "local_steps": 1, "rounds": int(plan.T), "clients_per_round": int(plan.b),
+        "privacy.noise_multiplier": float(z),
+    }
+
+
+def _plan_zcdp_secagg(cfg: ExperimentConfig, sizes: list[int], sc: ZcdpSecaggScenario
+                      ) -> tuple[Any, dict[str, Any]]:
+    from aggregator.peers.zcdp_secagg import plan_zcdp_secagg
+
+    m = int(min(sizes))
+    plan = plan_zcdp_secagg(
+        cfg.privacy.epsilon, cfg.privacy.delta, cfg.devices, sc.r, sc.tau, sc.T,
+        cfg.privacy.example_clip, m, int(cfg.batch_size),
+        colluding=0 if sc.credit else sc.r - 1,
+    )
+    z = plan.sigma * cfg.batch_size / cfg.privacy.example_clip
+    return plan, {
+        "scheme": "zcdp-secagg", "privacy.unit": "record", "privacy.noise": "per-step",
+        "local_steps": int(sc.tau), "rounds": int(sc.T), "clients_per_round": int(sc.r),
+        "privacy.noise_multiplier": float(z),
+    }
 
 
 def plan_for_config(cfg: ExperimentConfig, d: int, sc: DpPasgdScenario
@@ -88,7 +225,7 @@ def plan_for_config(cfg: ExperimentConfig, d: int, sc: DpPasgdScenario
     return plan, overrides
 
 
-def save_peer_plan(path: Path, scheme: str, plan: DpPasgdPlan, overrides: dict[str, Any]) -> None:
+def save_peer_plan(path: Path, scheme: str, plan: Any, overrides: dict[str, Any]) -> None:
     """Write a peer plan file (atomic)."""
     from testbed.config.safe_yaml import dump_yaml_text
     from testbed.rundir import atomic_write_bytes

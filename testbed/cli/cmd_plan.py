@@ -47,9 +47,11 @@ def register(sub: Any) -> None:
                    metavar="KEY=VALUE",
                    help="override a hardware config key (symbol_rate_hz=1e6); repeatable")
     p.add_argument("--scheme", default="ee-dp-fl",
-                   choices=["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp", "dp-pasgd"],
-                   help="scheme whose plan --out writes (default ee-dp-fl); dp-pasgd: 000's "
-                   "own planner (constants under 'peers: dp-pasgd:' in --scenario)")
+                   choices=["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp", "dp-pasgd",
+                            "fedsgd-dpc", "zcdp-secagg"],
+                   help="scheme whose plan --out writes (default ee-dp-fl); dp-pasgd, "
+                   "fedsgd-dpc, zcdp-secagg: the peer paper's own planner (settings under "
+                   "'peers: SCHEME:' in --scenario)")
     p.add_argument("--out", type=Path, metavar="PLAN.yaml", help="write the plan file")
     p.add_argument("--no-peers", action="store_true", help="plan only --scheme")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -70,7 +72,7 @@ def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.plan_file import save_plan
 
     cfg = load_experiment(args.config, args.overrides)
-    if args.scheme == "dp-pasgd":
+    if args.scheme in ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg"):
         return _plan_peer(args, cfg)
     if cfg.scheme not in ("ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp", "fedavg"):
         raise ConfigError(
@@ -126,28 +128,38 @@ def _plan(args: argparse.Namespace) -> int:
 def _plan_peer(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
     """A peer system's own planner (docs/peers/): its choice, and a plan file the run
     follows (``testbed run --plan``)."""
-    from aggregator.peers.plan_config import plan_for_config, read_peer_scenario, save_peer_plan
+    from aggregator.peers.plan_config import (
+        PeerPlanRefused,
+        plan_peer,
+        read_peer_scenario,
+        save_peer_plan,
+    )
+    from testbed.runner import prepare_data
 
     sc = read_peer_scenario(args.scenario, args.scheme)
     if args.out is not None:
         check_output_file(args.out, "--out")
-    plan, overrides = plan_for_config(cfg, count_params(cfg), sc)
+    sizes = [len(p) for p in prepare_data(cfg)[1]]
+    try:
+        plan, overrides = plan_peer(args.scheme, cfg, count_params(cfg), sizes, sc)
+    except PeerPlanRefused as exc:
+        print(f"testbed plan: refused: {exc}", file=sys.stderr)
+        if args.out is not None:
+            print(f"testbed plan: no plan written to {args.out}", file=sys.stderr)
+        return 3
     if args.out is not None:
         save_peer_plan(args.out, args.scheme, plan, overrides)
     out = {"scheme": args.scheme, "plan": plan.to_dict(), "run_overrides": overrides,
-           "accounting": "000 zCDP with the corrected root (record, replace-one, no "
-           "subsampling credit); the run enforces the testbed's dp-accounting figure"}
+           "accounting": "the paper's own (docs/peers/); the run enforces the testbed's "
+           "dp-accounting figure and reports the paper's next to it"}
     if args.out is not None:
         out["plan_file"] = str(args.out)
     if args.json:
         print(json.dumps(_json_safe(out)))
     else:
-        print(f"== {args.scheme} (000's planner)")
-        print(f"  K = {plan.K} local steps, tau = {plan.tau} (rounds {plan.K // plan.tau}), "
-              f"sigma = {plan.sigma:.4g} (z = {overrides['privacy.noise_multiplier']:.4g}), "
-              f"cost {plan.cost:g} of {sc.budget:g}")
-        print(f"  epsilon (000 zCDP, corrected root) {plan.eps_zcdp:.4g} at delta "
-              f"{cfg.privacy.delta:g}; the printed root would give {plan.eps_printed_root:.4g}")
+        print(f"== {args.scheme} (the paper's own planner)")
+        for key, value in overrides.items():
+            print(f"  {key} = {value:.6g}" if isinstance(value, float) else f"  {key} = {value}")
         if args.out is not None:
             print(f"plan written to {args.out}")
     return 0

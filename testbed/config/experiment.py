@@ -39,6 +39,8 @@ SCHEMES = (
 )
 #: Peer schemes that sample devices per round (``clients_per_round``: 004's b, 002's r).
 SAMPLED_SCHEMES = ("fedsgd-dpc", "zcdp-secagg")
+#: The peer systems (record unit, per-step noise only).
+PEER_SCHEMES = ("dp-pasgd", *SAMPLED_SCHEMES)
 LINKS = ("symbol", "waveform", "gnuradio", "usrp")
 DATASETS = ("fashion-mnist", "mnist", "cifar10")
 MODELS = ("mnist-cnn", "cifar-cnn", "logreg")

@@ -58,13 +58,16 @@ class UploadHeader:
 # --- Control-plane messages between the aggregator and the edge agents -------------------
 #
 # A message is a multipart ZeroMQ message: one JSON header frame, then at most one binary
-# payload frame (little-endian float64 model weights, or complex128 symbols). Everything
+# payload frame (little-endian float64 model weights, or complex128 symbols; an upload whose
+# symbols went over the radio carries an empty one). Everything
 # is validated on receipt: version, type, the exact set of fields and their kinds, sizes,
 # and that the payload has the length the header announces. A message that fails raises
 # :class:`ProtocolError`; the receiver logs and drops it and keeps serving.
 
-#: Version of the message format; a peer speaking another one is refused.
-PROTOCOL_VERSION = 1
+#: Version of the message format; a peer speaking another one is refused. 2: ``round``
+#: carries ``tx_time_s``, ``upload`` carries ``on_air`` and ``tx_report``; ``clock_req`` and
+#: ``clock`` (the split ``usrp`` link's control-plane clock offset).
+PROTOCOL_VERSION = 2
 #: Largest JSON header accepted (bytes).
 MAX_HEADER_BYTES = 4 * 1024 * 1024
 #: Largest model accepted (parameters); bounds payload allocations.
@@ -74,6 +77,13 @@ MAX_SYMBOLS = 50_000_000
 #: Largest device id / round index accepted.
 MAX_DEVICE = 1_000_000
 MAX_ROUND = 100_000_000
+#: Largest burst air time (s) and timing uncertainty (s) a ``tx_report`` may state.
+MAX_AIRTIME_S = 3600.0
+MAX_TIMING_UNCERTAINTY_S = 1.0
+#: Largest mean burst power (W) a ``tx_report`` may state (the hardware config's bound).
+MAX_TX_POWER_W = 100.0
+#: Fields of an ``upload``'s ``tx_report`` (what the edge's transmitter did; seconds, watts).
+TX_REPORT_KEYS = ("airtime_s", "tx_power_w", "tx_time_usrp_s", "timing_uncertainty_s")
 
 _INT = "int"
 _FLOAT = "float"
@@ -113,8 +123,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "channel": _DICT + _OPT,  # channel fields the gated event credits (null: none)
         "slot": _INT,
         "deadline_s": _FLOAT,
+        # split usrp link: when the burst is due (start of the device's TDMA slot, s, on the
+        # schedule's time base: radio/edge_radio.py); null on simulated links
+        "tx_time_s": _FLOAT + _OPT,
     },
-    # edge -> aggregator: one upload; payload = symbols (complex128)
+    # edge -> aggregator: one upload; payload = symbols (complex128), or empty (0 bytes)
+    # when the symbols went over the radio (on_air)
     "upload": {
         "device": _INT,
         "round": _INT,
@@ -125,6 +139,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "train_loss": _FLOAT + _OPT,
         "energy_comp_j": _FLOAT,
         "energy_comp_source": _STR,
+        "on_air": _BOOL,  # true: the edge transmitted the symbols itself (split usrp link)
+        "tx_report": _DICT + _OPT,  # on_air: TX_REPORT_KEYS of its burst; else null
     },
     # aggregator -> edge: the upload is recorded with these channel fields
     "ack": {"device": _INT, "round": _INT, "nonce": _STR, "channel": _DICT + _OPT},
@@ -132,6 +148,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "refuse": {"device": _INT, "round": _INT, "nonce": _STR, "reason": _STR},
     # either way: the run ended (or the edge is going away)
     "leave": {"device": _INT, "reason": _STR},
+    # edge -> aggregator: what is your clock? (t_send: the edge's clock when asking, s)
+    "clock_req": {"device": _INT, "t_send": _FLOAT},
+    # aggregator -> edge: its clock (t_remote, s) when it answered the request t_send
+    "clock": {"device": _INT, "t_send": _FLOAT, "t_remote": _FLOAT},
 }
 
 #: Payload each type carries: None, "float64" (d values) or "complex128" (n_symbols).
@@ -145,6 +165,8 @@ PAYLOADS: dict[str, str | None] = {
     "ack": None,
     "refuse": None,
     "leave": None,
+    "clock_req": None,
+    "clock": None,
 }
 
 _MAX_STR = 1_000_000
@@ -199,7 +221,7 @@ def _payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
     if kind == "float64":
         return 8 * int(fields["d"])
     if kind == "complex128":
-        return 16 * int(fields["n_symbols"])
+        return 0 if fields.get("on_air") else 16 * int(fields["n_symbols"])
     return None
 
 
@@ -219,6 +241,10 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
         raise ProtocolError(f"{msg_type}: deadline_s {fields['deadline_s']} outside (0, 86400]")
     if "nonce" in fields and not (0 < len(fields["nonce"]) <= 128):
         raise ProtocolError(f"{msg_type}: nonce of length {len(fields['nonce'])}")
+    if fields.get("tx_time_s") is not None and fields["tx_time_s"] < 0:
+        raise ProtocolError(f"{msg_type}: tx_time_s {fields['tx_time_s']} is negative")
+    if msg_type == "upload":
+        _check_tx_report(fields["on_air"], fields["tx_report"])
     if msg_type == "ready" and not all(isinstance(n, str) for n in fields["nonces"]):
         raise ProtocolError("ready: nonces must be strings")
     if msg_type == "sync":
@@ -230,6 +256,35 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
                 and isinstance(item["event"], dict)
             ):
                 raise ProtocolError("sync: events must be {nonce: str, event: dict} items")
+
+
+def _check_tx_report(on_air: bool, report: dict[str, Any] | None) -> None:
+    """An on-air upload carries exactly :data:`TX_REPORT_KEYS`, each in range; else null."""
+    if not on_air:
+        if report is not None:
+            raise ProtocolError("upload: tx_report must be null unless on_air is true")
+        return
+    if report is None:
+        raise ProtocolError("upload: on_air is true but tx_report is null")
+    if set(report) != set(TX_REPORT_KEYS):
+        missing = sorted(set(TX_REPORT_KEYS) - set(report))
+        extra = sorted(set(report) - set(TX_REPORT_KEYS))
+        raise ProtocolError(f"upload: tx_report missing {missing}, unknown {extra}")
+    for key in TX_REPORT_KEYS:
+        if not _kind_ok(report[key], _FLOAT):
+            raise ProtocolError(f"upload: tx_report.{key} is not a valid {_FLOAT}")
+    bounds = {
+        "airtime_s": (0.0, MAX_AIRTIME_S),
+        "tx_power_w": (0.0, MAX_TX_POWER_W),
+        "timing_uncertainty_s": (0.0, MAX_TIMING_UNCERTAINTY_S),
+    }
+    for key, (low, high) in bounds.items():
+        if not low <= report[key] <= high:
+            raise ProtocolError(
+                f"upload: tx_report.{key} {report[key]} outside [{low:g}, {high:g}]"
+            )
+    if report["airtime_s"] == 0:
+        raise ProtocolError("upload: tx_report.airtime_s must be > 0")
 
 
 def encode(msg_type: str, fields: dict[str, Any], payload: bytes | None = None) -> list[bytes]:

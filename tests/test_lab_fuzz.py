@@ -26,6 +26,7 @@ from tests.lab_helpers import (
     processes_mentioning,
     sets,
     tb_cmd,
+    wait_for,
 )
 
 N_MESSAGES = 10_000
@@ -33,8 +34,9 @@ N_MESSAGES = 10_000
 
 def _junk(rng: random.Random, device: int) -> list[bytes]:
     """One bad message: random bytes, broken JSON, wrong kinds, unknown types, wrong sizes,
-    other devices, replays of well-formed messages of past rounds, oversized frames."""
-    kind = rng.randrange(9)
+    other devices, replays of well-formed messages of past rounds (over the control plane or
+    on air), unsolicited clock messages, oversized frames."""
+    kind = rng.randrange(10)
     if kind == 0:
         return [rng.randbytes(rng.randrange(1, 300))]
     if kind == 1:
@@ -49,10 +51,14 @@ def _junk(rng: random.Random, device: int) -> list[bytes]:
         n = rng.randrange(0, 4)
         header = {"device": device, "round_index": 900, "d": 10, "n_values": 10,
                   "alpha": 1.0}
+        on_air = rng.random() < 0.5
+        report = {"airtime_s": 0.01, "tx_power_w": 0.1, "tx_time_usrp_s": 5.0,
+                  "timing_uncertainty_s": 1e-3} if on_air else None
         return encode("upload", {"device": device, "round": 900, "nonce": "replayed",
                                  "header": header, "n_symbols": n, "symbol_energy": 1.0,
                                  "train_loss": 0.5, "energy_comp_j": 0.1,
-                                 "energy_comp_source": "x"}, bytes(16 * n))
+                                 "energy_comp_source": "x", "on_air": on_air,
+                                 "tx_report": report}, b"" if on_air else bytes(16 * n))
     if kind == 5:  # payload of the wrong size
         frames = encode("ack", {"device": device, "round": 3, "nonce": "n", "channel": None})
         return [frames[0], rng.randbytes(17)]
@@ -60,6 +66,10 @@ def _junk(rng: random.Random, device: int) -> list[bytes]:
         return [b"{}", b"", b""]
     if kind == 7:  # another device's message
         return encode("leave", {"device": device + 1000, "reason": "not me"})
+    if kind == 8:  # clock messages nobody asked for (or asked before joining)
+        if rng.random() < 0.5:
+            return encode("clock_req", {"device": device, "t_send": rng.random()})
+        return encode("clock", {"device": device, "t_send": rng.random(), "t_remote": 1.0})
     return [json.dumps({"v": PROTOCOL_VERSION, "type": "sync", "device": device,
                         "events": [1, 2, {"nonce": 3}]}).encode()]
 
@@ -74,7 +84,10 @@ def test_aggregator_keeps_serving_through_junk(tmp_path: Path) -> None:
         agg = procs.start("agg", tb_cmd(
             "aggregator", "--bind", endpoint, "--keys", str(keys), "--out", str(tmp_path / "a"),
             "--round-timeout", "60", "--join-timeout", "120", "--no-progress",
+            "--endpoint-file", str(tmp_path / "endpoint"),
             *sets([*PLAIN_SETS, "devices=2", "rounds=2"])))
+        # bound before the fuzzer fills its send queue (a slow start must not time it out)
+        wait_for(lambda: (tmp_path / "endpoint").exists(), 120, "the aggregator to bind")
         procs.start("edge-0", tb_cmd("edge", "--connect", endpoint, "--device-id", "0",
                                      "--keys", str(keys), "--state-dir", str(tmp_path / "e0")))
         ctx = zmq.Context()
@@ -142,7 +155,7 @@ def test_edge_keeps_serving_through_junk(tmp_path: Path) -> None:
             server.send(identity, _junk(rng, 0))
         weights = np.zeros(d, dtype="<f8").tobytes()
         plan = {"device": 0, "round": 0, "nonce": "n-1", "d": d, "channel": None, "slot": 0,
-                "deadline_s": 30.0}
+                "deadline_s": 30.0, "tx_time_s": None}
         server.send(identity, encode("round", plan, weights))
         _, upload = _recv(server, "upload", 60)
         assert upload["nonce"] == "n-1" and upload["round"] == 0  # type: ignore[index]

@@ -29,6 +29,23 @@ def positive_seconds(flag: str) -> Any:
     return parse
 
 
+def train_allowance(text: str) -> float:
+    """argparse type of ``--train-allowance``: seconds in (0, MAX_TRAIN_ALLOWANCE_S]."""
+    from testbed.lab.usrp_split import MAX_TRAIN_ALLOWANCE_S
+
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"--train-allowance: got {text!r}; allowed: seconds > 0"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not 0 < value <= MAX_TRAIN_ALLOWANCE_S:
+        raise argparse.ArgumentTypeError(
+            f"--train-allowance: got {text!r}; allowed: 0 < seconds <= "
+            f"{MAX_TRAIN_ALLOWANCE_S:g} (an edge refuses a burst due more than 30 s ahead)"
+        )
+    return value
+
+
 def setup_logging() -> None:
     """One line per event on stderr."""
     logging.basicConfig(
@@ -62,6 +79,9 @@ def register(sub: Any) -> None:
                    help="seconds a round waits for uploads before closing without a device")
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,
                    help="seconds to wait for every device to join")
+    p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
+                   help="usrp link: seconds from the round request to the first TDMA slot "
+                        "(the edges train in it; default 10)")
     p.add_argument("--endpoint-file", type=Path, help="write the bound endpoint here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -86,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
             summary = serve(bind=args.bind, keys_dir=args.keys, resume_dir=out,
                             round_timeout_s=args.round_timeout,
                             join_timeout_s=args.join_timeout,
+                            train_allowance_s=args.train_allowance,
                             endpoint_file=args.endpoint_file, progress=progress)
         else:
             cfg = load_experiment(args.config, args.overrides)
@@ -94,6 +115,7 @@ def _run(args: argparse.Namespace) -> int:
             summary = serve(bind=args.bind, keys_dir=args.keys, cfg=cfg, hw=hw, out_dir=out,
                             round_timeout_s=args.round_timeout,
                             join_timeout_s=args.join_timeout,
+                            train_allowance_s=args.train_allowance,
                             endpoint_file=args.endpoint_file, progress=progress)
     except KeyboardInterrupt:
         print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)

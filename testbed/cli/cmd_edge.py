@@ -42,9 +42,11 @@ def register(sub: Any) -> None:
         description=(
             "Join the aggregator at --connect with this device's CurveZMQ key, take the run's "
             "config, train on this host's shard, add this device's own privacy noise and "
-            "upload in its slot. The device keeps its own ledger in --state-dir and refuses "
+            "upload in its slot (on the usrp link: a timed burst on this device's own USRP, "
+            "--hw). The device keeps its own ledger in --state-dir and refuses "
             "any upload past its own target (--max-epsilon, default the run's). Exit 0 when "
-            "the aggregator ends the run; 2 on bad input or a missing radio."
+            "the aggregator ends the run; 2 on bad input, a missing radio or a transmitter "
+            "that died."
         ),
     )
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT")
@@ -77,11 +79,6 @@ def _run(args: argparse.Namespace) -> int:
                 check_edge_radio(hw, args.device_id)
             except RadioUnavailable as exc:
                 print(f"testbed edge: error: {exc}", file=sys.stderr)
-                return 2
-            if hw.link == "usrp":
-                print("testbed edge: error: the usrp link's split transmitter (timed bursts "
-                      "in TDMA slots) is not wired to the edge agent yet; run the usrp link "
-                      "in process with `testbed run` (docs/lab.md)", file=sys.stderr)
                 return 2
         state = args.state_dir or Path("edge-state") / f"device-{args.device_id}"
         agent = EdgeAgent(args.connect, args.device_id, args.keys, state, data_dir=args.data_dir,

@@ -21,7 +21,7 @@ def _devices(text: str) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``launch`` subcommand."""
-    from testbed.cli.cmd_aggregator import positive_seconds
+    from testbed.cli.cmd_aggregator import positive_seconds, train_allowance
 
     p = sub.add_parser(
         "launch",
@@ -41,6 +41,8 @@ def register(sub: Any) -> None:
                    metavar="KEY=VALUE")
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
+    p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
+                   help="usrp link: seconds from the round request to the first TDMA slot")
     p.set_defaults(func=_run)
 
 
@@ -52,11 +54,14 @@ def _run(args: argparse.Namespace) -> int:
     # Validate here, before any process starts (the error names the key).
     cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}"])
     load_hardware(cfg.hw_config, args.hw_overrides)
+    from testbed.lab.aggregator import check_lab_scheme
+
+    check_lab_scheme(cfg)
     out = args.out or default_run_path("launch")
     try:
         code = launch(args.config, args.devices, out, overrides=args.overrides,
                       hw_overrides=args.hw_overrides, round_timeout_s=args.round_timeout,
-                      join_timeout_s=args.join_timeout)
+                      join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance)
     except (FileExistsError, TimeoutError) as exc:
         print(f"testbed launch: error: {exc}", file=sys.stderr)
         return 2

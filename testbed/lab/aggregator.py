@@ -21,6 +21,13 @@ An edge that rejoins (``hello`` then ``ready``) reports the nonces its own ledge
 aggregator settles an open intent of that device with it and sends ``sync``, every upload it
 recorded for the device, which the edge adopts: after every round both ledgers hold the same
 uploads under the same nonces.
+
+On the ``usrp`` link the edges transmit their own bursts (:mod:`testbed.lab.usrp_split`):
+the ``round`` message carries the start of the device's TDMA slot (``tx_time_s``), the
+aggregator keeps serving the control plane (``clock_req`` included) until the last slot's
+window has passed, captures the schedule once, and settles each on-air ``upload`` with the
+reception found in that device's window. On simulated links ``tx_time_s`` is null and the
+edges send their symbols in the ``upload``; the aggregator applies the channel.
 """
 
 from __future__ import annotations
@@ -28,18 +35,32 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from radio.link import Link, LinkFailed
+from radio.analog import n_symbols_for
+from radio.link import Link, LinkError, LinkFailed, Reception
+from radio.tdma import Slot, schedule_window
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.faults import fault_point
 from testbed.interrupts import StopSignals
 from testbed.lab.secure_socket import CurveServer
+from testbed.lab.usrp_split import (
+    CAPTURE_MARGIN_S,
+    DEFAULT_TRAIN_ALLOWANCE_S,
+    ReceiverFactory,
+    SplitReceiverLink,
+    burst_seconds,
+    open_slot_receiver,
+    round_guard_s,
+    round_slots,
+)
+from testbed.links import link_name, waveform_params
 from testbed.protocol import Message, ProtocolError, UploadHeader, decode, encode
 from testbed.rundir import RunDir
 from testbed.runner import Experiment, RoundCallback, tally
@@ -52,6 +73,9 @@ log = logging.getLogger("testbed.aggregator")
 #: before they are read. An upload of d parameters is 8 d bytes (d/2 complex symbols), a
 #: model 8 d bytes: models up to about 8 million parameters.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Usrp link: seconds the round still waits for the answers after the capture was read
+#: (an edge sends its ``upload`` as soon as its burst is queued, before it is on air).
+ANSWER_GRACE_S = 2.0
 
 
 @dataclass
@@ -79,12 +103,17 @@ class ControlPlane:
         ``run_id``, ``config_yaml`` and ``mask_secret`` sent in every ``welcome``.
     next_round
         The round the run continues with (sent in ``welcome``).
+    clock
+        The aggregator's clock (s) that ``clock_req`` is answered with: the schedule's time
+        base without a shared reference (:mod:`radio.edge_radio`).
     """
 
     def __init__(
-        self, server: CurveServer, devices: int, welcome: dict[str, str], next_round: int
+        self, server: CurveServer, devices: int, welcome: dict[str, str], next_round: int,
+        *, clock: Callable[[], float] = time.time,
     ) -> None:
         self.server = server
+        self.clock = clock
         self.devices = devices
         self.welcome = welcome
         self.next_round = next_round
@@ -112,7 +141,8 @@ class ControlPlane:
             log.warning("send %s to device %d failed: %s", msg_type, device, exc)
 
     def poll(self, timeout_s: float) -> tuple[int, Message] | None:
-        """Receive one message; joins are handled here, everything else is returned.
+        """Receive one message; joins and clock requests are handled here, uploads and
+        refusals are returned.
 
         Malformed messages, messages whose ``device`` is not the sender's key's device, and
         messages of unknown peers are dropped and logged (``rejected`` counts them).
@@ -158,6 +188,9 @@ class ControlPlane:
         if msg.type == "leave":
             log.info("device %d left: %s", device, msg["reason"])
             peer.ready = False
+            return None
+        if msg.type == "clock_req":  # answered at once, whatever else is under way
+            self.send(device, "clock", {"t_send": msg["t_send"], "t_remote": self.clock()})
             return None
         if msg.type not in ("upload", "refuse"):
             self._reject(device, f"unexpected {msg.type}")
@@ -207,6 +240,12 @@ class LabAggregator(Experiment):
         The control plane with every device ready (their shard sizes reported).
     round_timeout_s
         How long a round waits for uploads before it closes without the missing devices.
+    train_allowance_s
+        Usrp link: time (s) from sending ``round`` to the first TDMA slot (the edges train
+        in it).
+    receiver_factory
+        Usrp link: opens the slot receiver (default: the ``rx`` flowgraph on
+        ``usrp.rx_args``; tests inject a stand-in stream).
     """
 
     def __init__(
@@ -217,14 +256,24 @@ class LabAggregator(Experiment):
         plane: ControlPlane,
         *,
         round_timeout_s: float,
+        train_allowance_s: float = DEFAULT_TRAIN_ALLOWANCE_S,
+        receiver_factory: ReceiverFactory | None = None,
         progress: bool = False,
         on_round: RoundCallback | None = None,
     ) -> None:
+        if not 0 < train_allowance_s < 1e6:
+            raise ValueError(f"train_allowance_s: got {train_allowance_s}; allowed: > 0 s")
         sizes = [plane.peers[i].dataset_size for i in range(cfg.devices)]
         super().__init__(cfg, hw, rundir, progress=progress, on_round=on_round,
                          dataset_sizes=[int(s or 0) for s in sizes])
         self.plane = plane
         self.round_timeout_s = round_timeout_s
+        self.train_allowance_s = train_allowance_s
+        self.receiver_factory: ReceiverFactory = receiver_factory or open_slot_receiver
+        #: The split usrp link once opened (``None``: a simulated link).
+        self._split: SplitReceiverLink | None = None
+        #: Usrp link: each device's last reported timing uncertainty (s), for the guard.
+        self.timing_uncertainty_s: dict[int, float] = {}
         #: Open authorizations of the round under way: device -> (nonce, gated event).
         self._pending: dict[int, tuple[str, Any]] = {}
         self._settled: dict[int, dict[str, Any]] = {}
@@ -264,11 +313,114 @@ class LabAggregator(Experiment):
             for i in range(self.cfg.devices):
                 self.plane.send(i, "leave", {"reason": "run ended"})
 
+    def _open_link(self, record_dir: Path | None) -> Link:
+        """Simulated links as in process; on ``usrp`` only the slot receiver (the edges
+        drive their own transmitters)."""
+        if link_name(self.cfg, self.hw) != "usrp":
+            return super()._open_link(record_dir)
+        from radio.edge_radio import RadioUnavailable
+
+        try:
+            receiver = self.receiver_factory(
+                self.hw, record_dir=record_dir, confidence=self.cfg.n0_confidence(),
+                log_dir=self.rundir.path, clock=self.plane.clock,
+            )
+        except RadioUnavailable as exc:
+            raise LinkFailed(f"usrp link (lab): {exc}") from exc
+        self._split = SplitReceiverLink(receiver)
+        return self._split
+
     def _channel(self, event: Any) -> dict[str, Any] | None:
         if self.book is None:
             return None
         data = event.to_dict()
         return {k: data[k] for k in CHANNEL_KEYS}
+
+    def _n_payload(self, i: int) -> int:
+        """Symbols of device ``i``'s upload (what its slot is sized for)."""
+        return n_symbols_for(self.uplinks[i].l)
+
+    def _schedule(self, t: int, order: list[int]) -> dict[int, Slot]:
+        """Usrp link: the TDMA slots of round ``t`` for ``order`` (``{}`` on simulated links).
+
+        Raises
+        ------
+        ValueError
+            The schedule spans more than the receiver holds (``ring_seconds``).
+        """
+        if self._split is None or not order:
+            return {}
+        receiver = self._split.receiver
+        guard = round_guard_s(self.timing_uncertainty_s, order, self.hw.usrp.time_source,
+                              receiver_uncertainty_s=receiver.timing_uncertainty_s)
+        slots = round_slots(order, {i: self._n_payload(i) for i in order},
+                            waveform_params(self.hw), guard, receiver.now_s(),
+                            self.train_allowance_s)
+        w0, w1 = schedule_window(slots)
+        ring = receiver.radio.ring_seconds
+        if w1 - w0 > 0.9 * ring:
+            raise ValueError(f"round {t}: the TDMA schedule of {len(order)} devices spans "
+                             f"{w1 - w0:.3f} s; the receiver holds {ring:g} s")
+        log.info("round %d: %d slots from %.3f s to %.3f s, guard %.2f ms", t, len(slots),
+                 w0, w1, 1e3 * guard)
+        return {s.device: s for s in slots}
+
+    def _take(self, t: int, got: tuple[int, Message] | None, answers: dict[int, Message]
+              ) -> None:
+        """Keep a polled ``upload``/``refuse`` that answers this round's request."""
+        if got is None:
+            return
+        device, msg = got
+        want = self._pending.get(device)
+        if want is None or msg["round"] != t or msg["nonce"] != want[0] or device in answers:
+            self.plane._reject(device, f"{msg.type} out of round (round {msg['round']})")
+            return
+        answers[device] = msg
+
+    def _collect(self, t: int, answers: dict[int, Message], deadline: float,
+                 stop: StopSignals) -> None:
+        """Poll until every pending device answered or the (monotonic) ``deadline``."""
+        while any(i not in answers for i in self._pending) and time.monotonic() < deadline:
+            stop.check()
+            self._take(t, self.plane.poll(min(0.2, max(0.0, deadline - time.monotonic()))),
+                       answers)
+
+    def _capture(
+        self, t: int, slots: dict[int, Slot], answers: dict[int, Message], stop: StopSignals,
+        timer: StageTimer,
+    ) -> tuple[dict[int, Reception | LinkError], LinkFailed | None]:
+        """Usrp link: serve the control plane until the last window has passed, then
+        capture and decode the windows of the devices that may have transmitted.
+
+        Returns each such device's reception (or its lost frame's error), and the
+        :class:`LinkFailed` of a dead receiver (raised once the round is settled).
+        """
+        assert self._split is not None
+        split = self._split
+        end = max(s.window_end_s for s in slots.values()) + CAPTURE_MARGIN_S
+
+        def may_transmit() -> list[Slot]:
+            return [s for i, s in slots.items() if i in self._pending
+                    and not (i in answers and answers[i].type == "refuse")]
+
+        try:
+            while may_transmit():
+                stop.check()
+                left = end - split.receiver.now_s()
+                if left <= 0:
+                    break
+                self._take(t, self.plane.poll(min(0.2, left)), answers)
+            on_air = may_transmit()
+            if not on_air:
+                return {}, None
+            n_payload = {s.device: self._n_payload(s.device) for s in on_air}
+            return timer.timed("capture", lambda: split.receive(on_air, n_payload,
+                                                                round_index=t)), None
+        except LinkFailed as exc:
+            lost = LinkError(f"usrp link (lab): round {t}: no capture: {exc}")
+            return {i: lost for i in slots}, exc
+        except LinkError as exc:  # the capture is not held: every window of it is lost
+            return {i: exc for i in slots}, None
 
     def _round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
         cfg = self.cfg
@@ -288,31 +440,26 @@ class LabAggregator(Experiment):
         if not kept and not absent and all(g is None for g in gated):
             return None
         self._pending, self._settled = {}, {}
+        order = [i for i, event in enumerate(gated) if event is not None and i not in absent]
+        slots = self._schedule(t, order)
         weights = np.ascontiguousarray(self.w, dtype="<f8").tobytes()
-        slot = 0
-        for i, event in enumerate(gated):
-            if event is None or i in absent:
-                continue
+        for k, i in enumerate(order):
+            event = gated[i]
             nonce = self.book.begin(event) if self.book is not None else secrets.token_hex(16)
             self._pending[i] = (nonce, event)
             self.plane.send(i, "round", {
                 "round": t, "nonce": nonce, "d": self.d, "channel": self._channel(event),
-                "slot": slot, "deadline_s": float(self.round_timeout_s),
+                "slot": k, "deadline_s": float(self.round_timeout_s),
+                "tx_time_s": slots[i].start_s if i in slots else None,
             }, weights)
-            slot += 1
         answers: dict[int, Message] = {}
         deadline = time.monotonic() + self.round_timeout_s
-        while any(i not in answers for i in self._pending) and time.monotonic() < deadline:
-            stop.check()
-            got = self.plane.poll(min(0.2, max(0.0, deadline - time.monotonic())))
-            if got is None:
-                continue
-            device, msg = got
-            want = self._pending.get(device)
-            if want is None or msg["round"] != t or msg["nonce"] != want[0] or device in answers:
-                self.plane._reject(device, f"{msg.type} out of round (round {msg['round']})")
-                continue
-            answers[device] = msg
+        receptions: dict[int, Reception | LinkError] = {}
+        failure: LinkFailed | None = None
+        if slots:
+            receptions, failure = self._capture(t, slots, answers, stop, timer)
+            deadline = max(deadline, time.monotonic() + ANSWER_GRACE_S)
+        self._collect(t, answers, deadline, stop)
         decoded: list[np.ndarray] = []
         losses: list[float] = []
         per_device: list[dict[str, Any]] = []
@@ -329,16 +476,35 @@ class LabAggregator(Experiment):
                 nonce, event = self._pending[i]
                 with stop.critical():
                     entry, vec = self._settle(t, i, nonce, event, answers.get(i), link,
-                                              ch_rngs[i], timer)
+                                              ch_rngs[i], timer, receptions.get(i))
                 tally(entry, vec, decoded, losses, per_device)
         self._pending = {}
-        return self._close_round(t, decoded, losses, per_device, timer, t0)
+        if failure is not None:
+            raise failure
+        line = self._close_round(t, decoded, losses, per_device, timer, t0)
+        if slots:
+            line["tdma_guard_s"] = next(iter(slots.values())).guard_s
+        return line
+
+    def _lost(self, t: int, i: int, nonce: str, error: str) -> dict[str, Any]:
+        """Record an upload that may have gone on air but cannot be decoded: it counts,
+        with no channel credit."""
+        lost = self._event(i, t, None)
+        if self.book is not None:
+            self.book.commit(lost, nonce)
+        self.plane.send(i, "ack", {"round": t, "nonce": nonce, "channel": self._channel(lost)})
+        return {"device": i, "transmitted": True, "lost": True, "error": error}
 
     def _settle(
         self, t: int, i: int, nonce: str, gated: Any, msg: Message | None, link: Link,
         rng: np.random.Generator, timer: StageTimer,
+        received: Reception | LinkError | None = None,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
-        """Record (or withdraw) device ``i``'s authorized upload of round ``t``."""
+        """Record (or withdraw) device ``i``'s authorized upload of round ``t``.
+
+        ``received``: usrp link, what the receiver found in the device's window.
+        """
+        split = self._split is not None
         if msg is None:  # straggler: it may have transmitted, so it counts (gated values)
             if self.book is not None:
                 self.book.commit(gated, nonce)
@@ -346,32 +512,64 @@ class LabAggregator(Experiment):
                                        "channel": self._channel(gated)})
             log.warning("round %d: device %d did not answer within %g s; round closes without "
                         "it", t, i, self.round_timeout_s)
-            return {"device": i, "transmitted": None, "straggler": True,
-                    "charged": self.book is not None}, None
+            entry: dict[str, Any] = {"device": i, "transmitted": None, "straggler": True,
+                                     "charged": self.book is not None}
+            if split:  # a frame without its upload cannot be decoded (no header)
+                entry["frame_found"] = isinstance(received, Reception)
+            return entry, None
         if msg.type == "refuse":
             if self.book is not None:
                 self.book.cancel(nonce)
             log.warning("round %d: device %d refused: %s", t, i, msg["reason"])
+            if isinstance(received, Reception):
+                log.warning("round %d: device %d refused, yet a frame was found in its window",
+                            t, i)
             return {"device": i, "transmitted": False, "refused": msg["reason"]}, None
+        on_air = bool(msg["on_air"])
         try:
             header = UploadHeader.from_dict(msg["header"])
             if (header.device, header.round_index, header.d) != (i, t, self.d):
                 raise ValueError("header names another device, round or model size")
-            assert msg.payload is not None
-            symbols = np.frombuffer(msg.payload, dtype="<c16").astype(np.complex128)
         except (TypeError, ValueError) as exc:
             # It went on air but cannot be decoded: it counts, with no channel credit.
-            if self.book is not None:
-                self.book.commit(self._event(i, t, None), nonce)
-            self.plane.send(i, "ack", {"round": t, "nonce": nonce,
-                                       "channel": self._channel(self._event(i, t, None))})
-            return {"device": i, "transmitted": True, "lost": True,
-                    "error": f"bad upload header: {exc}"}, None
+            return self._lost(t, i, nonce, f"bad upload header: {exc}"), None
+        n = int(msg["n_symbols"])
+        if on_air != split:
+            return self._lost(t, i, nonce, (
+                "bad upload: sent over the radio, but the run's link is simulated" if on_air
+                else "bad upload: symbols over the control plane, but the run's link is usrp "
+                "(is the edge's --hw link usrp?)")), None
+        energy_comm_j: float | None = None
+        if on_air:
+            if n != self._n_payload(i) or n != n_symbols_for(header.n_values):
+                return self._lost(t, i, nonce, f"bad upload: {n} symbols; its slot was sized "
+                                               f"for {self._n_payload(i)}"), None
+            report = msg["tx_report"]
+            slot_burst = burst_seconds(waveform_params(self.hw), n)
+            if abs(float(report["airtime_s"]) - slot_burst) > 1.5 / self.hw.sample_rate_hz:
+                log.warning("round %d: device %d's burst lasted %.6f s, its slot %.6f s: its "
+                            "hardware config's waveform is not the run's", t, i,
+                            report["airtime_s"], slot_burst)
+            self.timing_uncertainty_s[i] = float(report["timing_uncertainty_s"])
+            energy_comm_j = float(report["tx_power_w"]) * float(report["airtime_s"])
+            # Only their mean power enters the metrics (snr_db): the edge's symbol energy.
+            symbols = np.full(n, np.sqrt(float(msg["symbol_energy"]) / n), np.complex128)
+            if received is None:
+                received = LinkError(f"usrp link (lab): device {i}, round {t}: its window "
+                                     "was not captured")
+        else:
+            assert msg.payload is not None
+            symbols = np.frombuffer(msg.payload, dtype="<c16").astype(np.complex128)
+            received = None
         loss = msg["train_loss"]
         info, vec = self._receive(
             t, i, nonce, header, symbols, float(msg["symbol_energy"]),
             float(msg["energy_comp_j"]), str(msg["energy_comp_source"]), link, rng, timer,
+            received=received, energy_comm_j=energy_comm_j,
         )
+        if on_air:
+            info.setdefault("energy_comm_j", energy_comm_j)  # also when its frame was lost
+            info["timing_uncertainty_s"] = self.timing_uncertainty_s[i]
         info["train_loss"] = float("nan") if loss is None else float(loss)
         self.rundir.save_inflight(t, i, vec, info)
         fault_point("after_inflight")
@@ -388,6 +586,26 @@ def endpoint_note(path: Path | None, endpoint: str) -> None:
         atomic_write_bytes(path, (endpoint + "\n").encode())
 
 
+def check_lab_scheme(cfg: ExperimentConfig) -> None:
+    """Refuse, before anything starts, a scheme the lab pair does not run yet.
+
+    Raises
+    ------
+    ConfigError
+        For the peer schemes that sample devices per round (004, 002: device selection and
+        002's secure aggregation are in ``testbed run`` only).
+    """
+    from testbed.config.experiment import SAMPLED_SCHEMES
+    from testbed.config.loader import ConfigError
+
+    if cfg.scheme in SAMPLED_SCHEMES:
+        raise ConfigError(
+            f"config key 'scheme': got {cfg.scheme!r}; the aggregator/edge pair does not run "
+            f"the device-sampling peer schemes {SAMPLED_SCHEMES} yet (their selection and "
+            "002's secure aggregation run in `testbed run`); allowed here: the other schemes"
+        )
+
+
 def serve(
     *,
     bind: str,
@@ -398,13 +616,18 @@ def serve(
     resume_dir: Path | None = None,
     round_timeout_s: float = 60.0,
     join_timeout_s: float = 600.0,
+    train_allowance_s: float = DEFAULT_TRAIN_ALLOWANCE_S,
     endpoint_file: Path | None = None,
     progress: bool = False,
+    receiver_factory: ReceiverFactory | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> dict[str, Any]:
     """Run (``cfg`` into ``out_dir``) or continue (``resume_dir``) a lab run as aggregator.
 
     Binds the CurveZMQ server, waits for every device to join, then runs the rounds.
-    Returns the run's summary (``status`` says how it ended).
+    Returns the run's summary (``status`` says how it ended). ``train_allowance_s``,
+    ``receiver_factory``: the usrp link's (:class:`LabAggregator`); ``clock``: the clock
+    ``clock_req`` is answered with and the receiver maps the schedule with (s).
 
     Raises
     ------
@@ -433,6 +656,7 @@ def serve(
     else:
         assert cfg is not None and hw is not None and out_dir is not None
         check_link_config(cfg, hw, record=cfg.record)
+        check_lab_scheme(cfg)
         rundir = RunDir.create(out_dir)
         try:
             _write_metadata(rundir, cfg, hw)
@@ -454,12 +678,13 @@ def serve(
         endpoint_note(endpoint_file, server.last_endpoint)
         log.info("aggregator bound to %s; waiting for %d devices", server.last_endpoint,
                  cfg.devices)
-        plane = ControlPlane(server, cfg.devices, welcome, start)
+        plane = ControlPlane(server, cfg.devices, welcome, start, clock=clock)
         with StopSignals() as stop:
             plane.wait_all_ready(join_timeout_s, stop)
         try:
             exp = LabAggregator(cfg, hw, rundir, plane, round_timeout_s=round_timeout_s,
-                                progress=progress)
+                                train_allowance_s=train_allowance_s,
+                                receiver_factory=receiver_factory, progress=progress)
         except Exception as exc:
             from aggregator.privacy import LedgerError
 

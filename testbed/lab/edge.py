@@ -10,6 +10,13 @@ Message flow (:mod:`testbed.protocol`): ``hello`` -> ``welcome`` (config, mask s
 the edge adopts what it lacks) -> per round ``round`` -> ``upload`` or ``refuse`` -> ``ack``
 (the credited channel fields it records) ... ``leave``. With no message for
 ``rejoin_after_s`` it says ``hello`` again (an aggregator restarted with ``--resume``).
+
+On the ``usrp`` link the edge transmits its own burst on its own USRP
+(:class:`radio.edge_radio.EdgeTransmitter`), due at the ``round``'s ``tx_time_s`` (its TDMA
+slot's start), and its ``upload`` carries the header and the transmitter's report instead of
+the symbols (``on_air``). Without a shared time reference it measures its clock offset to the
+aggregator (``clock_req`` -> ``clock``, NTP-style) at set-up and before each burst; other
+messages that arrive meanwhile are queued and handled afterwards.
 """
 
 from __future__ import annotations
@@ -19,15 +26,18 @@ import math
 import os
 import secrets
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from aggregator.privacy_book import PrivacyBook
 from edge_device.energy_meter import make_meter
+from radio.link import LinkError, LinkFailed
 from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import HardwareConfig
+from testbed.config.hardware import DeviceRadio, HardwareConfig
 from testbed.device_worker import DeviceWorker, TrainingDiverged
 from testbed.faults import fault_point
 from testbed.lab.secure_socket import CurveClient
@@ -36,7 +46,27 @@ from testbed.rundir import RunDirError, _lock, atomic_write_bytes
 from testbed.stage_timer import StageTimer
 from testbed.upload_events import CHANNEL_KEYS, channel_fields, upload_event
 
+if TYPE_CHECKING:
+    from radio.edge_radio import EdgeTransmitter
+    from radio.time_sync import OffsetEstimate
+
 log = logging.getLogger("testbed.edge")
+
+#: Opens the device's transmitter: (its radio settings, the folder for ``tx.log``).
+AirFactory = Callable[[DeviceRadio, Path], "EdgeTransmitter"]
+#: Seconds an edge waits for the aggregator's answer to one ``clock_req``.
+CLOCK_REPLY_TIMEOUT_S = 2.0
+#: Seconds added to a burst's lead when sizing the offset's drift allowance (``hold_s``).
+HOLD_MARGIN_S = 1.0
+#: Messages kept while waiting for a ``clock`` reply; beyond, the oldest are dropped.
+MAX_QUEUED = 10_000
+
+
+def open_transmitter(radio: DeviceRadio, log_dir: Path) -> EdgeTransmitter:
+    """The device's ``tx`` flowgraph on its own USRP (looked for first)."""
+    from radio.edge_radio import EdgeTransmitter
+
+    return EdgeTransmitter(radio, log_dir=log_dir)
 
 
 class EdgeError(RuntimeError):
@@ -64,6 +94,13 @@ class EdgeAgent:
         Its own privacy target; the ledger enforces ``min(max_epsilon, run target)``.
     rejoin_after_s
         Silence after which it says ``hello`` again.
+    air_factory
+        Opens the transmitter on the ``usrp`` link (default :func:`open_transmitter`; tests
+        inject one with a stand-in stream).
+    clock
+        This host's clock (s): the one the transmitter maps burst times with.
+    clock_timeout_s
+        Seconds to wait for the answer to one ``clock_req``.
     """
 
     def __init__(
@@ -77,6 +114,9 @@ class EdgeAgent:
         hw: HardwareConfig | None = None,
         max_epsilon: float | None = None,
         rejoin_after_s: float = 10.0,
+        air_factory: AirFactory | None = None,
+        clock: Callable[[], float] = time.time,
+        clock_timeout_s: float = CLOCK_REPLY_TIMEOUT_S,
     ) -> None:
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"--max-epsilon: got {max_epsilon}; allowed: a finite value > 0")
@@ -93,14 +133,26 @@ class EdgeAgent:
         self.book: PrivacyBook | None = None
         self.worker: DeviceWorker | None = None
         self.pending: dict[str, Any] = {}  # nonce -> event journalled, not yet acked
+        self.withdrawn: set[str] = set()  # nonces refused or withdrawn (never on air)
         self.dropped = 0
         self.uploads = 0
         self.refusals = 0
+        self.air_factory: AirFactory = air_factory or open_transmitter
+        self.clock = clock
+        self.clock_timeout_s = clock_timeout_s
+        #: The device's transmitter (usrp link only) and whether its USRP time is shared.
+        self.air: EdgeTransmitter | None = None
+        self.shared_time = False
+        #: The last control-plane offset (aggregator clock minus this host's).
+        self.offset: OffsetEstimate | None = None
+        #: Messages received while waiting for a ``clock`` reply, handled next.
+        self.inbox: deque[list[bytes]] = deque()
 
     # -- set-up ---------------------------------------------------------------------------
     def _setup(self, msg: Message) -> None:
         """Build data shard, model, worker and ledger from the run's config."""
         from testbed.config.loader import load_experiment, load_hardware
+        from testbed.links import link_name, waveform_params
         from testbed.models import build_model, n_params
         from testbed.runner import device_settings, prepare_data
         from testbed.seeding import Stream, experiment_generator
@@ -142,9 +194,25 @@ class EdgeAgent:
                 relation=cfg.privacy.relation, header={"device": self.device},
             )
             self.target = target
+        self.link = link_name(cfg, hw)
+        self.waveform = waveform_params(hw)
+        if self.link == "usrp":
+            self._open_air(hw)
         self.config_yaml = msg["config_yaml"]
-        log.info("device %d: set up for run %s (%d samples, d=%d)", self.device,
-                 msg["run_id"], self.dataset_size, self.d)
+        log.info("device %d: set up for run %s (%d samples, d=%d, link %s)", self.device,
+                 msg["run_id"], self.dataset_size, self.d, self.link)
+
+    def _open_air(self, hw: HardwareConfig) -> None:
+        """Open this device's transmitter (usrp link)."""
+        from radio.edge_radio import RadioUnavailable
+        from radio.tdma import shared_reference
+        from testbed.config.hardware import device_radio
+
+        self.shared_time = shared_reference(hw.usrp.time_source)
+        try:
+            self.air = self.air_factory(device_radio(hw, self.device), self.state_dir)
+        except RadioUnavailable as exc:
+            raise EdgeError(str(exc)) from None
 
     def _event(self, round_index: int, channel: dict[str, Any] | None) -> Any:
         fields = channel_fields(None, self.uplink, self.d)
@@ -166,9 +234,70 @@ class EdgeAgent:
     def _on_welcome(self, client: CurveClient, msg: Message) -> None:
         if self.config_yaml is None:
             self._setup(msg)
+            if self.air is not None and not self.shared_time:
+                try:
+                    self._measure_offset(client, hold_s=0.0)
+                except TimeoutError as exc:  # measured again before every burst
+                    log.warning("device %d: %s", self.device, exc)
         elif msg["config_yaml"] != self.config_yaml:
             raise EdgeError("the aggregator now runs another config; restart this edge")
         self._ready(client)
+
+    # -- the control-plane clock offset (usrp link without a shared reference) --------------
+    def _queue(self, frames: list[bytes]) -> None:
+        if len(self.inbox) >= MAX_QUEUED:
+            self.inbox.popleft()
+            self.dropped += 1
+        self.inbox.append(frames)
+
+    def _read_aggregator_clock(self, client: CurveClient) -> float:
+        """One exchange: ask for the aggregator's clock and wait for the matching answer;
+        every other message meanwhile is queued.
+
+        Raises
+        ------
+        TimeoutError
+            No answer within ``clock_timeout_s``.
+        """
+        t_send = float(self.clock())
+        self._send(client, "clock_req", {"t_send": t_send})
+        end = time.monotonic() + self.clock_timeout_s
+        while (left := end - time.monotonic()) > 0:
+            frames = client.recv(left)
+            if frames is None:
+                break
+            try:
+                msg = decode(frames)
+            except ProtocolError:
+                self._queue(frames)  # the main loop drops and logs it
+                continue
+            if msg.type == "clock" and msg["device"] == self.device and msg["t_send"] == t_send:
+                return float(msg["t_remote"])
+            self._queue(frames)
+        raise TimeoutError(f"device {self.device}: no clock reply from the aggregator within "
+                           f"{self.clock_timeout_s:g} s")
+
+    def _measure_offset(self, client: CurveClient, *, hold_s: float) -> OffsetEstimate:
+        """Measure the offset to the aggregator's clock and hand it to the transmitter.
+
+        ``hold_s``: how long (s) after the exchanges the estimate will be used (its drift
+        allowance; at least the library's default).
+
+        Raises
+        ------
+        TimeoutError
+            An exchange got no answer.
+        """
+        from radio.time_sync import DEFAULT_HOLD_S, measure_offset
+
+        assert self.air is not None
+        offset = measure_offset(lambda: self._read_aggregator_clock(client), clock=self.clock,
+                                hold_s=max(DEFAULT_HOLD_S, hold_s))
+        self.air.set_offset(offset)
+        self.offset = offset
+        log.info("device %d: clock offset to the aggregator %+.6f s +- %.3f ms (rtt %.3f ms)",
+                 self.device, offset.offset_s, 1e3 * offset.uncertainty_s, 1e3 * offset.rtt_s)
+        return offset
 
     def _on_sync(self, msg: Message) -> None:
         if self.book is None:
@@ -195,10 +324,23 @@ class EdgeAgent:
             log.warning("device %d: the aggregator holds no record of %d uploads of this "
                         "device's ledger", self.device, len(missing))
 
+    def _refuse(self, client: CurveClient, t: int, nonce: str, reason: str) -> None:
+        """Say ``refuse`` (nothing went on air); a replay of the request is then ignored."""
+        self.refusals += 1
+        self.withdrawn.add(nonce)
+        self._send(client, "refuse", {"round": t, "nonce": nonce, "reason": reason})
+
+    def _withdraw(self, client: CurveClient, t: int, nonce: str, reason: str) -> None:
+        """Withdraw a journalled intent whose burst was not sent, and refuse."""
+        if self.book is not None:
+            self.book.cancel(nonce)
+        self.pending.pop(nonce, None)
+        self._refuse(client, t, nonce, reason)
+
     def _on_round(self, client: CurveClient, msg: Message) -> None:
         assert self.worker is not None
-        t, nonce = msg["round"], msg["nonce"]
-        known = (self.book.nonces() if self.book else set()) | set(self.pending)
+        t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
+        known = (self.book.nonces() if self.book else set()) | set(self.pending) | self.withdrawn
         last = max((e.round for _, e in self.book.entries(self.device)), default=-1) if (
             self.book) else -1
         if nonce in known or t < last or msg["d"] != self.d:
@@ -206,20 +348,28 @@ class EdgeAgent:
             log.warning("device %d: ignored a replayed or out-of-round request (round %d)",
                         self.device, t)
             return
+        if tx_time is not None and self.air is None:
+            self._refuse(client, t, nonce, (
+                f"the aggregator runs the usrp link, but this edge's link is {self.link} "
+                "(no transmitter); start it with --hw naming the lab's usrp config"))
+            return
+        if tx_time is None and self.air is not None:
+            log.warning("device %d: round %d without a slot time: the aggregator's link is "
+                        "simulated; sending the symbols over the control plane", self.device, t)
         event = self._event(t, msg["channel"])
         if self.book is not None and not self.book.allows(event):
-            self.refusals += 1
-            self._send(client, "refuse", {
-                "round": t, "nonce": nonce,
-                "reason": f"this upload would pass the device's own epsilon target "
-                          f"{self.target:g} ({self.book.enforce} accounting)",
-            })
+            self._refuse(client, t, nonce, (
+                f"this upload would pass the device's own epsilon target "
+                f"{self.target:g} ({self.book.enforce} accounting)"))
             return
         w = np.frombuffer(msg.payload or b"", dtype="<f8").astype(np.float64)
         try:
             local = self.worker.update(w, t, StageTimer())
         except TrainingDiverged as exc:
-            self._send(client, "refuse", {"round": t, "nonce": nonce, "reason": str(exc)})
+            self._refuse(client, t, nonce, str(exc))
+            return
+        if tx_time is not None:
+            self._transmit(client, t, nonce, event, local, float(tx_time))
             return
         fault_point("edge_before_intent")
         if self.book is not None:
@@ -228,13 +378,71 @@ class EdgeAgent:
         fault_point("edge_after_intent")
         up = local.upload
         symbols = np.ascontiguousarray(up.symbols, dtype="<c16")
-        loss = local.train_loss if math.isfinite(local.train_loss) else None
         self._send(client, "upload", {
+            **self._upload_fields(t, nonce, local, int(symbols.size)),
+            "on_air": False, "tx_report": None,
+        }, symbols.tobytes())
+        self.uploads += 1
+
+    def _upload_fields(self, t: int, nonce: str, local: Any, n_symbols: int) -> dict[str, Any]:
+        up = local.upload
+        loss = local.train_loss if math.isfinite(local.train_loss) else None
+        return {
             "round": t, "nonce": nonce, "header": up.header.to_dict(),
-            "n_symbols": int(symbols.size), "symbol_energy": float(up.symbol_energy),
+            "n_symbols": n_symbols, "symbol_energy": float(up.symbol_energy),
             "train_loss": loss, "energy_comp_j": float(local.comp.energy_j),
             "energy_comp_source": str(local.comp.source),
-        }, symbols.tobytes())
+        }
+
+    def _transmit(
+        self, client: CurveClient, t: int, nonce: str, event: Any, local: Any, tx_time_s: float
+    ) -> None:
+        """Usrp link: send this round's burst at ``tx_time_s`` (the slot's start, schedule
+        time base), the intent journalled before the air; then ``upload`` its report.
+
+        Raises
+        ------
+        EdgeError
+            The transmitter is dead (the intent is withdrawn and the round refused first).
+        """
+        from radio.modem import modulate
+
+        assert self.air is not None
+        if not self.shared_time:
+            # Re-measured before every burst; its drift allowance covers the time to the slot.
+            lead = tx_time_s - (self.offset.to_remote(self.clock()) if self.offset else
+                                tx_time_s)
+            try:
+                self._measure_offset(client, hold_s=max(0.0, lead) + HOLD_MARGIN_S)
+            except TimeoutError as exc:
+                self._refuse(client, t, nonce, f"not sent: {exc}; the slot time cannot be "
+                                               "mapped to this host's clock")
+                return
+        fault_point("edge_before_intent")
+        if self.book is not None:
+            self.book.begin(event, nonce)  # before the air
+        self.pending[nonce] = event
+        fault_point("edge_after_intent")
+        up = local.upload
+        samples, _ = modulate(self.waveform, np.asarray(up.symbols, dtype=np.complex128))
+        try:
+            report = self.air.transmit(samples, tx_time_s)
+        except LinkFailed as exc:
+            self._withdraw(client, t, nonce, f"transmitter failed: {exc}")
+            raise EdgeError(f"device {self.device}: the transmitter failed: {exc}") from exc
+        except (LinkError, ValueError) as exc:  # not sent: slot missed, power, time base
+            self._withdraw(client, t, nonce, f"not sent: {exc}")
+            log.warning("device %d: round %d: burst not sent: %s", self.device, t, exc)
+            return
+        self._send(client, "upload", {
+            **self._upload_fields(t, nonce, local, int(up.symbols.size)),
+            "on_air": True,
+            "tx_report": {
+                "airtime_s": float(report.airtime_s), "tx_power_w": float(report.tx_power_w),
+                "tx_time_usrp_s": float(report.tx_time_usrp_s),
+                "timing_uncertainty_s": float(report.timing_uncertainty_s),
+            },
+        }, b"")
         self.uploads += 1
 
     def _on_ack(self, msg: Message) -> None:
@@ -247,6 +455,37 @@ class EdgeAgent:
             self.book.commit(self._event(event.round, msg["channel"]), nonce)
 
     # -- main loop --------------------------------------------------------------------------
+    def handle(self, client: CurveClient, frames: list[bytes]) -> bool:
+        """Act on one received message; ``True`` when the aggregator said ``leave``."""
+        try:
+            msg = decode(frames)
+            if msg["device"] != self.device:
+                raise ProtocolError(f"addressed to device {msg['device']}")
+        except ProtocolError as exc:
+            self.dropped += 1
+            if self.dropped <= 20 or self.dropped % 1000 == 0:
+                log.warning("device %d: dropped a message: %s", self.device, exc)
+            return False
+        if msg.type == "welcome":
+            self._on_welcome(client, msg)
+        elif self.config_yaml is None:
+            self.dropped += 1  # nothing but welcome before set-up
+        elif msg.type == "sync":
+            self._on_sync(msg)
+        elif msg.type == "round":
+            self._on_round(client, msg)
+        elif msg.type == "ack":
+            self._on_ack(msg)
+        elif msg.type == "clock":
+            pass  # a late answer to an exchange given up
+        elif msg.type == "leave":
+            log.info("device %d: %s (%d uploads, %d refused)", self.device,
+                     msg["reason"], self.uploads, self.refusals)
+            return True
+        else:
+            self.dropped += 1
+        return False
+
     def run(self) -> int:
         """Serve until the aggregator says ``leave``; returns the exit code (0)."""
         import zmq
@@ -268,41 +507,21 @@ class EdgeAgent:
             self._send(client, "hello", {"instance": self.instance})
             heard = time.monotonic()
             while True:
-                frames = client.recv(0.5)
+                # messages queued during a clock exchange first, in the order they came
+                frames = self.inbox.popleft() if self.inbox else client.recv(0.5)
                 if frames is None:
                     if time.monotonic() - heard > self.rejoin_after_s:
                         self._send(client, "hello", {"instance": self.instance})
                         heard = time.monotonic()
                     continue
                 heard = time.monotonic()
-                try:
-                    msg = decode(frames)
-                    if msg["device"] != self.device:
-                        raise ProtocolError(f"addressed to device {msg['device']}")
-                except ProtocolError as exc:
-                    self.dropped += 1
-                    if self.dropped <= 20 or self.dropped % 1000 == 0:
-                        log.warning("device %d: dropped a message: %s", self.device, exc)
-                    continue
-                if msg.type == "welcome":
-                    self._on_welcome(client, msg)
-                elif self.config_yaml is None:
-                    self.dropped += 1  # nothing but welcome before set-up
-                elif msg.type == "sync":
-                    self._on_sync(msg)
-                elif msg.type == "round":
-                    self._on_round(client, msg)
-                elif msg.type == "ack":
-                    self._on_ack(msg)
-                elif msg.type == "leave":
-                    log.info("device %d: %s (%d uploads, %d refused)", self.device,
-                             msg["reason"], self.uploads, self.refusals)
+                if self.handle(client, frames):
                     return 0
-                else:
-                    self.dropped += 1
         finally:
             client.close()
             ctx.term()
+            if self.air is not None:
+                self.air.close()
             if self.book is not None:
                 self.book.close()
             os.close(lock)

@@ -85,12 +85,14 @@ def launch(
     hw_overrides: list[str],
     round_timeout_s: float,
     join_timeout_s: float,
+    train_allowance_s: float | None = None,
     edge_args: dict[int, list[str]] | None = None,
     on_started: Any = None,
 ) -> int:
     """Start the aggregator and ``devices`` edges; wait for the aggregator; stop the rest.
 
     Returns the aggregator's exit code (130 when stopped by a signal).
+    ``train_allowance_s``: the aggregator's ``--train-allowance`` (``None``: its default).
     """
     from testbed.lab.curve_keys import generate_keys
 
@@ -114,6 +116,8 @@ def launch(
                "--endpoint-file", str(endpoint_file), "--set", f"devices={devices}",
                "--round-timeout", str(round_timeout_s), "--join-timeout", str(join_timeout_s),
                "--no-progress"]
+        if train_allowance_s is not None:
+            agg += ["--train-allowance", repr(float(train_allowance_s))]
         for o in overrides:
             agg += ["--set", o]
         for o in hw_overrides:

@@ -81,7 +81,7 @@ def test_edge_killed_mid_round_rejoins_and_ledgers_agree(tmp_path: Path) -> None
         agg = procs.start("agg", tb_cmd(
             "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys), "--out",
             str(run), "--round-timeout", "8", "--join-timeout", "120", "--no-progress",
-            *sets([*RECORD_SETS, "devices=3", "rounds=6"])))
+            "--rejoin-wait", "120", *sets([*RECORD_SETS, "devices=3", "rounds=6"])))
         procs.start("edge-0", _edge(keys, endpoint, tmp_path, 0))
         procs.start("edge-2", _edge(keys, endpoint, tmp_path, 2))
         # device 1 dies (SIGKILL) in round 2, journalled but before its upload left

@@ -82,6 +82,9 @@ def register(sub: Any) -> None:
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
                    help="usrp link: seconds from the round request to the first TDMA slot "
                         "(the edges train in it; default 10)")
+    p.add_argument("--rejoin-wait", type=positive_seconds("--rejoin-wait"), default=None,
+                   help="seconds a round waits for a device that dropped out to rejoin, once "
+                   "per absence (default 0: the round goes on without it)")
     p.add_argument("--endpoint-file", type=Path, help="write the bound endpoint here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -106,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
             summary = serve(bind=args.bind, keys_dir=args.keys, resume_dir=out,
                             round_timeout_s=args.round_timeout,
                             join_timeout_s=args.join_timeout,
+                            rejoin_wait_s=args.rejoin_wait or 0.0,
                             train_allowance_s=args.train_allowance,
                             endpoint_file=args.endpoint_file, progress=progress)
         else:
@@ -115,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             summary = serve(bind=args.bind, keys_dir=args.keys, cfg=cfg, hw=hw, out_dir=out,
                             round_timeout_s=args.round_timeout,
                             join_timeout_s=args.join_timeout,
+                            rejoin_wait_s=args.rejoin_wait or 0.0,
                             train_allowance_s=args.train_allowance,
                             endpoint_file=args.endpoint_file, progress=progress)
     except KeyboardInterrupt:

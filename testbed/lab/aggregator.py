@@ -260,6 +260,7 @@ class LabAggregator(Experiment):
         receiver_factory: ReceiverFactory | None = None,
         progress: bool = False,
         on_round: RoundCallback | None = None,
+        rejoin_wait_s: float = 0.0,
     ) -> None:
         if not 0 < train_allowance_s < 1e6:
             raise ValueError(f"train_allowance_s: got {train_allowance_s}; allowed: > 0 s")
@@ -268,6 +269,9 @@ class LabAggregator(Experiment):
                          dataset_sizes=[int(s or 0) for s in sizes])
         self.plane = plane
         self.round_timeout_s = round_timeout_s
+        #: How long a round waits for a device that dropped out to rejoin (once per absence).
+        self.rejoin_wait_s = rejoin_wait_s
+        self._waited_for: set[int] = set()
         self.train_allowance_s = train_allowance_s
         self.receiver_factory: ReceiverFactory = receiver_factory or open_slot_receiver
         #: The split usrp link once opened (``None``: a simulated link).
@@ -278,6 +282,21 @@ class LabAggregator(Experiment):
         self._pending: dict[int, tuple[str, Any]] = {}
         self._settled: dict[int, dict[str, Any]] = {}
         plane.on_ready = self._on_ready
+
+    def _wait_for_rejoins(self, stop: StopSignals) -> None:
+        """Give devices that dropped out up to ``rejoin_wait_s`` to rejoin, once per absence
+        (a device that stays away does not slow every round)."""
+        n = self.cfg.devices
+        self._waited_for &= {i for i in range(n) if not self.plane.ready(i)}
+        new = {i for i in range(n) if not self.plane.ready(i)} - self._waited_for
+        if not new or self.rejoin_wait_s <= 0:
+            return
+        log.info("waiting up to %g s for devices %s to rejoin", self.rejoin_wait_s, sorted(new))
+        end = time.monotonic() + self.rejoin_wait_s
+        while any(not self.plane.ready(i) for i in new) and time.monotonic() < end:
+            stop.check()
+            self.plane.poll(0.2)
+        self._waited_for |= {i for i in new if not self.plane.ready(i)}
 
     def sync(self, device: int) -> None:
         """Send ``device`` every upload recorded for it (its ledger adopts what it lacks)."""
@@ -435,6 +454,7 @@ class LabAggregator(Experiment):
                 raise LinkFailed(f"round {t}: no edge device connected for "
                                  f"{self.round_timeout_s:g} s (--round-timeout)")
             self.plane.poll(0.2)
+        self._wait_for_rejoins(stop)
         absent = {i for i in range(cfg.devices) if not self.plane.ready(i)}
         gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept) | absent))
         if not kept and not absent and all(g is None for g in gated):
@@ -616,6 +636,7 @@ def serve(
     resume_dir: Path | None = None,
     round_timeout_s: float = 60.0,
     join_timeout_s: float = 600.0,
+    rejoin_wait_s: float = 0.0,
     train_allowance_s: float = DEFAULT_TRAIN_ALLOWANCE_S,
     endpoint_file: Path | None = None,
     progress: bool = False,
@@ -683,6 +704,7 @@ def serve(
             plane.wait_all_ready(join_timeout_s, stop)
         try:
             exp = LabAggregator(cfg, hw, rundir, plane, round_timeout_s=round_timeout_s,
+                                rejoin_wait_s=rejoin_wait_s,
                                 train_allowance_s=train_allowance_s,
                                 receiver_factory=receiver_factory, progress=progress)
         except Exception as exc:

@@ -35,13 +35,16 @@ from aggregator.privacy import (
 from aggregator.privacy.events import EventError
 from aggregator.privacy.ledger import EVENT_TYPES, intents_path
 from aggregator.privacy.record_accountant import RECORD_ACCOUNTANTS, RecordAccountant
-from aggregator.privacy.record_events import RecordEvent
+from aggregator.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.rundir import append_jsonl, atomic_write_bytes, read_jsonl
 
 #: Accountings kept side by side, per privacy unit; the first is the default enforced one.
 ACCOUNTINGS = {"device": MODES, "record": RECORD_ACCOUNTANTS}
-#: Event type each unit records.
-EVENT_CLASSES: dict[str, Any] = {"device": UploadEvent, "record": RecordEvent}
+#: Event types each unit records (the record unit: subsampled Gaussian or full-batch Laplace).
+EVENT_CLASSES: dict[str, tuple[type, ...]] = {
+    "device": (UploadEvent,),
+    "record": (RecordEvent, LaplaceRecordEvent),
+}
 
 
 class PrivacyBook:
@@ -100,9 +103,10 @@ class PrivacyBook:
                 self.accountants[name] = RecordAccountant(name, delta, relation=relation)
         for event in self.ledger.events():
             if not isinstance(event, self.event_class):
+                names = " or ".join(c.__name__ for c in self.event_class)
                 raise LedgerError(
                     f"{ledger_path}: holds a {type(event).__name__}, but this run accounts "
-                    f"at the {unit} level ({self.event_class.__name__})"
+                    f"at the {unit} level ({names})"
                 )
             self._compose(event)
         self.enforce = enforce

@@ -20,6 +20,12 @@ over ``B``, one example moves it by at most ``C / B``, and the upload is one sub
 Gaussian mechanism. With ``steps > 1`` and no per-step noise, later steps depend on a record
 through the weights and this trainer gives no record-level bound by itself.
 
+:meth:`RecordTrainer.train_laplace` is 004's Laplace reply (FedSGD-DPC): one step over *all*
+``D`` examples (no sampling), each example's gradient clipped in the **l1** norm to ``xi_1``,
+the sum divided by ``D`` (a public constant of the mechanism, so one record added or removed
+moves the value by at most ``xi_1 / D`` in l1) plus ``Lap(0, s)`` per coordinate from
+:func:`edge_device.laplace_noise.laplace_noise` (OS CSPRNG, never seeded).
+
 Randomness:
 
 * **Sampling.** Subsampling amplification may only be credited when the adversary cannot
@@ -42,6 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from edge_device.laplace_noise import laplace_noise
 from edge_device.noise import gaussian, secure_uniform
 from edge_device.per_example import Backend, ClippedGradientSum
 from edge_device.trainer import LocalResult
@@ -230,6 +237,71 @@ class RecordTrainer:
             sampling_rate=q,
             noise_multiplier=float(noise_multiplier),
             secure_sampling=bool(secure_sampling),
+        )
+
+    def train_laplace(
+        self,
+        w_global: np.ndarray,
+        *,
+        lr: float,
+        example_clip: float,
+        laplace_scale: float,
+        chunk: int = 256,
+    ) -> RecordResult:
+        """004's Laplace reply: one full-batch step with l1 clipping and Laplace noise.
+
+        Parameters
+        ----------
+        w_global
+            ``(d,)`` global model.
+        lr
+            Learning rate ``> 0``.
+        example_clip
+            ``xi_1 > 0``: l1 bound of each example's gradient (loss units per parameter).
+        laplace_scale
+            ``s >= 0``: Laplace scale per coordinate on the averaged clipped gradient (same
+            units; variance ``2 s^2``); ``0`` adds no noise.
+        chunk
+            Examples per per-example-gradient call (bounds memory; the sum is the same).
+
+        Returns
+        -------
+        RecordResult
+            ``differential`` is ``(clipped l1 sum) / D + Lap(0, s)`` in float64;
+            ``batch_sizes`` is ``[D]``, ``sampling_rate`` 1, ``noise_multiplier``
+            ``b = s D / xi_1`` and ``secure_sampling`` ``False`` (nothing is sampled).
+        """
+        self._check(1, self.n_examples, lr, example_clip, laplace_scale)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk={chunk!r} must be an integer >= 1")
+        n = self.n_examples
+        set_flat(self.model, w_global)
+        self.model.train()
+        total = torch.zeros(self.d, dtype=torch.float64)
+        loss_total = 0.0
+        for start in range(0, n, chunk):
+            xs, ys = self.x[start : start + chunk], self.y[start : start + chunk]
+            part, _, losses = self.clipped_sum(xs, ys, example_clip, norm=1)
+            total += part.double()
+            loss_total += float(losses.double().sum())
+        differential = total / n
+        if laplace_scale > 0:
+            differential += torch.from_numpy(laplace_noise(self.d, float(laplace_scale)))
+        step = differential.float()
+        with torch.no_grad():
+            offset = 0
+            for p in self.clipped_sum.params:
+                k = p.numel()
+                p.add_(step[offset : offset + k].view_as(p), alpha=-lr)
+                offset += k
+        return RecordResult(
+            weights=get_flat(self.model),
+            differential=differential.numpy(),
+            mean_loss=loss_total / n,
+            batch_sizes=np.array([n], dtype=np.int64),
+            sampling_rate=1.0,
+            noise_multiplier=float(laplace_scale) * n / float(example_clip),
+            secure_sampling=False,
         )
 
     def _check(

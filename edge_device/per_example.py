@@ -51,6 +51,12 @@ With sampling and noise on top, ``vmap`` or Opacus would put a record-level roun
 MNIST CNN at or past the issue's limit (at most 2x a non-private round); both generic tools
 also pay a fixed per-call overhead that dominates small models.
 
+``norm=1`` clips in the l1 norm instead (004's Laplace mechanism): ``sum_i g_i min(1, C /
+(||g_i||_1 (1 + 1e-6) + 1e-6))``. The l1 norms are summed in float64 and the margin is
+relative as well as absolute, because an l1 norm is up to ``sqrt(d)`` times the l2 norm and
+its clip (004's ``xi_1 = 300``) is large. Both backends support it (``layers``: for a
+linear layer on ``(b, in)`` inputs ``||go_i a_i^T||_1 = ||go_i||_1 ||a_i||_1``).
+
 Models with batch normalisation are refused: a BatchNorm layer in training mode mixes the
 examples of a batch, so a per-example gradient (and hence a per-record sensitivity) does
 not exist.
@@ -71,6 +77,10 @@ BACKENDS: tuple[str, ...] = ("auto", "layers", "vmap")
 
 #: Added to each per-example norm before dividing (float32 rounding margin, as Opacus).
 NORM_MARGIN = 1e-6
+#: Relative margin on an l1 norm (float32 rounding of up to ``d`` scaled coordinates).
+L1_RELATIVE_MARGIN = 1e-6
+#: The norm per-example gradients are clipped in.
+Norm = Literal[1, 2]
 
 _BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -201,7 +211,7 @@ class ClippedGradientSum:
         self._vmap_fn: Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]] | None = None
 
     def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, clip: float
+        self, x: torch.Tensor, y: torch.Tensor, clip: float, *, norm: Norm = 2
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Clipped gradient sum of one batch.
 
@@ -212,15 +222,19 @@ class ClippedGradientSum:
         y
             ``int64`` labels, ``(b,)``.
         clip
-            ``C > 0``, the l2 bound of each example's gradient (loss units per parameter
-            unit).
+            ``C > 0``, the bound of each example's gradient in the ``norm`` (loss units per
+            parameter unit).
+        norm
+            ``2`` (default) or ``1``: the norm each example's gradient is clipped in.
 
         Returns
         -------
         total
-            ``float32``, ``(d,)``: ``sum_i g_i min(1, C / (||g_i|| + 1e-6))``.
+            ``float32``, ``(d,)``: ``sum_i g_i min(1, C / (||g_i|| + 1e-6))`` (l1: see the
+            module docstring for the margin).
         norms
-            ``float32``, ``(b,)``: the unclipped per-example norms ``||g_i||_2``.
+            ``float32``, ``(b,)``: the unclipped per-example norms ``||g_i||_2`` (or
+            ``||g_i||_1``).
         losses
             ``float32``, ``(b,)``: per-example losses at the current parameters.
         """
@@ -228,19 +242,21 @@ class ClippedGradientSum:
             raise ValueError(
                 f"need a non-empty batch; got {x.shape[0]} inputs, {y.shape[0]} labels"
             )
+        if norm not in (1, 2):
+            raise ValueError(f"norm={norm!r} must be 1 or 2")
         if self.backend == "layers":
             try:
-                return self._layers(x, y, clip)
+                return self._layers(x, y, clip, norm)
             except _SharedModuleError:
                 if not self._auto:
                     raise
                 self.backend = "vmap"  # a layer is applied twice: fall back for good
-        return self._vmap(x, y, clip)
+        return self._vmap(x, y, clip, norm)
 
     # ------------------------------------------------------------------ layers backend
 
     def _layers(
-        self, x: torch.Tensor, y: torch.Tensor, clip: float
+        self, x: torch.Tensor, y: torch.Tensor, clip: float, norm: Norm = 2
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         seen: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -259,7 +275,13 @@ class ClippedGradientSum:
         used = [m for m in layers if m in seen]
         gouts = torch.autograd.grad(losses.sum(), [seen[m][1] for m in used], allow_unused=True)
         b = x.shape[0]
-        sq = torch.zeros(b, dtype=torch.float32)
+        l1 = norm == 1
+        # l2: sum of squares (float32, as before); l1: sum of absolute values (float64)
+        sq = torch.zeros(b, dtype=torch.float64 if l1 else torch.float32)
+
+        def size(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+            return t.double().abs().sum(dims) if l1 else t.square().sum(dims)
+
         parts: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         for module, go in zip(used, gouts, strict=True):
             if go is None:
@@ -267,24 +289,23 @@ class ClippedGradientSum:
             a = seen[module][0].detach()
             if isinstance(module, nn.Linear) and a.ndim == 2:
                 bias_term = 1.0 if module.bias is not None else 0.0
-                sq += go.square().sum(1) * (a.square().sum(1) + bias_term)
+                sq += size(go, (1,)) * (size(a, (1,)) + bias_term)
                 parts.append((module, a, go))
             elif isinstance(module, nn.Linear):  # (b, ..., in): materialise per example
                 gw = torch.einsum("b...o,b...i->boi", go, a)
                 gb = go.reshape(b, -1, go.shape[-1]).sum(1)
-                sq += gw.square().sum((1, 2))
+                sq += size(gw, (1, 2))
                 if module.bias is not None:
-                    sq += gb.square().sum(1)
+                    sq += size(gb, (1,))
                 parts.append((module, gw, gb))
             else:
                 gw = conv2d_weight_grad_per_example(a, go, module)  # type: ignore[arg-type]
                 gb = go.sum((2, 3))
-                sq += gw.square().sum((1, 2, 3, 4))
+                sq += size(gw, (1, 2, 3, 4))
                 if module.bias is not None:
-                    sq += gb.square().sum(1)
+                    sq += size(gb, (1,))
                 parts.append((module, gw, gb))
-        norms = sq.sqrt()
-        factor = (clip / (norms + NORM_MARGIN)).clamp(max=1.0)
+        norms, factor = _clip_factors(sq if l1 else sq.sqrt(), clip, norm)
         grads: dict[torch.Tensor, torch.Tensor] = {}
         for module, first, second in parts:
             weight, bias = module.weight, module.bias  # type: ignore[union-attr]
@@ -305,7 +326,7 @@ class ClippedGradientSum:
     # -------------------------------------------------------------------- vmap backend
 
     def _vmap(
-        self, x: torch.Tensor, y: torch.Tensor, clip: float
+        self, x: torch.Tensor, y: torch.Tensor, clip: float, norm: Norm = 2
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         model = self.model
         if self._vmap_fn is None:
@@ -327,6 +348,23 @@ class ClippedGradientSum:
         per, losses = self._vmap_fn(params, buffers, x, y)
         b = x.shape[0]
         flat = torch.cat([per[k].reshape(b, -1) for k in params], dim=1)  # (b, d)
-        norms = torch.linalg.vector_norm(flat, dim=1)
-        factor = (clip / (norms + NORM_MARGIN)).clamp(max=1.0)
+        if norm == 1:
+            norms, factor = _clip_factors(flat.double().abs().sum(1), clip, 1)
+        else:
+            norms, factor = _clip_factors(torch.linalg.vector_norm(flat, dim=1), clip, 2)
         return factor @ flat, norms, losses.detach()
+
+
+def _clip_factors(
+    norms: torch.Tensor, clip: float, norm: Norm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norms, factors)`` in float32: ``min(1, C / (n + margin))`` per example.
+
+    l2 (``norms`` float32): the absolute margin :data:`NORM_MARGIN`, as always. l1 (``norms``
+    float64): the factor is computed in float64 with a relative margin
+    :data:`L1_RELATIVE_MARGIN` too, so float32 rounding of ``factor * g`` stays below ``C``.
+    """
+    if norm == 1:
+        factor = (clip / (norms * (1.0 + L1_RELATIVE_MARGIN) + NORM_MARGIN)).clamp(max=1.0)
+        return norms.float(), factor.float()
+    return norms, (clip / (norms + NORM_MARGIN)).clamp(max=1.0)

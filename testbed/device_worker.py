@@ -145,6 +145,10 @@ class DeviceWorker:
                 w, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, rng=rng
             )
         rs = self.record
+        if rs.noise_distribution == "laplace":  # 004: full batch, l1 clip, Laplace noise
+            return self.trainer.train_laplace(
+                w, lr=cfg.lr, example_clip=rs.example_clip, laplace_scale=rs.laplace_scale
+            )
         return self.trainer.train(
             w,
             steps=cfg.local_steps,

@@ -49,8 +49,32 @@ def peer_report(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict
 
 
 def _fedsgd_dpc(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict[str, Any]:
-    """004's Gaussian accounting (moments-accountant form, c2 = 2) over the replies made."""
-    from aggregator.peers.fedsgd_dpc import gaussian_epsilon_per_reply
+    """004's accounting over the replies made: Theorem 1 (Laplace, linear composition of
+    ``2 xi_1 / (d_i s)`` per reply, replace-one) or the Gaussian moments-accountant form
+    (c2 = 2)."""
+    from aggregator.peers.fedsgd_dpc import (
+        gaussian_epsilon_per_reply,
+        laplace_epsilon_per_reply,
+        linear_composition,
+    )
+
+    if rs.noise_distribution == "laplace":
+        per = laplace_epsilon_per_reply(
+            rs.laplace_scale, clip_l1=rs.example_clip, local_size=float(rs.dataset_size)
+        )
+        return {
+            "paper": "004 FedSGD-DPC (Laplace)",
+            "accounting": (
+                "Theorem 1: per reply eps = 2 xi_1 / (d_i s) (l1 sensitivity of the average "
+                "under replace-one), linear composition over the R replies this device made"
+            ),
+            "unit": "record",
+            "delta": 0.0,
+            "replies": uploads,
+            "laplace_scale": rs.laplace_scale,
+            "epsilon_per_reply": per,
+            "epsilon": linear_composition(per, uploads),
+        }
 
     sigma = rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
     per_reply = gaussian_epsilon_per_reply(

@@ -15,6 +15,16 @@ samples) and divides by ``B``. The noise goes either
   ``trusted n0 (l/d)^2 / (h alpha)^2`` per coordinate, to the same linear map; ``sigma`` is
   then only what the channel does not already provide at the mean channel gain.
 
+With ``privacy.noise_distribution: laplace`` (scheme ``fedsgd-dpc`` only, 004's Laplace
+mechanism) a device's one local step takes *all* its ``D_i`` records (no sampling), clips each
+example's gradient in the l1 norm to ``xi_1`` (``privacy.example_clip``), divides the sum by
+the public ``D_i`` and adds ``Lap(0, s)`` per coordinate from the OS CSPRNG. One record added
+or removed moves the value by at most ``xi_1 / D_i`` in l1, so each reply is
+``(xi_1 / (D_i s))``-DP; ``s`` is set so the ``ceil(b T / N)`` replies a device makes under
+round robin compose (basically, tight for pure DP) to the target
+(:func:`~aggregator.privacy.record_accountant.calibrate_laplace_noise_multiplier`). Each
+reply is one :class:`~aggregator.privacy.record_events.LaplaceRecordEvent`.
+
 The noise multiplier is calibrated per device with dp-accounting (in the enforced
 accountant) so the target epsilon is met after ``rounds`` rounds; the budget guard, fed the
 realized channel, stops a device that spent more. Derivations: ``docs/privacy.md`` section
@@ -27,7 +37,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from aggregator.privacy.record_accountant import calibrate_noise_multiplier
+from aggregator.privacy.record_accountant import (
+    calibrate_laplace_noise_multiplier,
+    calibrate_noise_multiplier,
+)
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import ConfigError
@@ -74,6 +87,15 @@ class RecordSettings:
         ``"add-remove"`` or ``"replace-one"``.
     credit_channel
         Whether channel noise is credited (upload noise, a crediting scheme, no quantizer).
+    noise_distribution
+        ``"gaussian"`` (the above) or ``"laplace"``: full batch (``sampling_rate`` 1, not
+        amplified, ``expected_batch = dataset_size``), l1 clip ``example_clip``, Laplace
+        noise of scale ``laplace_scale``; ``target_noise_multiplier`` is then
+        ``b = laplace_scale / (example_clip / dataset_size)`` and ``step_noise_multiplier``
+        is 0.
+    laplace_scale
+        ``s``: Laplace scale per coordinate on the averaged gradient (gradient units; the
+        variance is ``2 s^2``); ``0`` for the Gaussian.
     """
 
     noise: str
@@ -87,6 +109,15 @@ class RecordSettings:
     target_noise_multiplier: float
     relation: str
     credit_channel: bool
+    noise_distribution: str = "gaussian"
+    laplace_scale: float = 0.0
+
+
+def laplace_replies(cfg: ExperimentConfig) -> int:
+    """``ceil(b T / N)``: the most replies any device makes in ``T = rounds`` rounds when
+    ``b = clients_per_round`` (default all) of ``N = devices`` reply, round robin."""
+    b = cfg.clients_per_round or cfg.devices
+    return -(-b * cfg.rounds // cfg.devices)
 
 
 def record_norm_bound(example_clip: float, expected_batch: float) -> float:
@@ -134,6 +165,8 @@ def resolve_record_uplinks(
     """
     if cfg.plan is not None:
         return _record_uplinks_from_plan(cfg, hw, d, dataset_sizes)
+    if cfg.privacy.noise_distribution == "laplace":
+        return _laplace_uplinks(cfg, hw, d, dataset_sizes)
     pc = cfg.privacy
     spec = SCHEMES[cfg.scheme]
     l = kept_coordinates(cfg, d)
@@ -201,6 +234,75 @@ def resolve_record_uplinks(
             target_noise_multiplier=z,
             relation=pc.relation,
             credit_channel=credit,
+        )
+        out.append((uplink, settings))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _calibrated_laplace(
+    replies: int, target: float, delta: float, accountant: str, relation: str
+) -> float:
+    return calibrate_laplace_noise_multiplier(
+        count=replies,
+        target_epsilon=target * CALIBRATION_MARGIN,
+        delta=delta,
+        accountant=accountant,
+        relation=relation,
+    )
+
+
+def _laplace_uplinks(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+) -> list[tuple[DeviceUplink, RecordSettings]]:
+    """Per-device settings of 004's Laplace mechanism (``noise_distribution: laplace``).
+
+    ``b = s D / xi_1`` is calibrated once for ``ceil(b T / N)`` replies (every device makes
+    at most that many under round robin; the budget guard enforces it anyway), then
+    ``s_i = b xi_1 / D_i`` per device. The value on air is the noisy average itself: l2 norm
+    at most ``xi_1`` (l2 <= l1) and noise variance ``2 s_i^2`` per coordinate, which set the
+    power budget. No channel noise is credited.
+    """
+    pc = cfg.privacy
+    l = kept_coordinates(cfg, d)
+    levels = quant_levels(cfg)
+    p_units = cfg.power.p_max_w / hw.tx_power_ref_w
+    if pc.noise_multiplier is not None:
+        b = float(pc.noise_multiplier)
+    else:
+        b = _calibrated_laplace(
+            laplace_replies(cfg), pc.epsilon, pc.delta, pc.accountant, pc.relation
+        )
+    out = []
+    for i, size in enumerate(dataset_sizes):
+        scale = b * pc.example_clip / size
+        shape = {"clip": pc.example_clip, "sigma": math.sqrt(2.0) * scale}
+        alpha = cfg.power.alpha or max_alpha(
+            d=d, l=l, levels=levels, mechanism="before", p_max_units=p_units, **shape
+        )
+        power = expected_power_bound(
+            d=d, l=l, levels=levels, alpha=alpha, mechanism="before", **shape
+        )
+        if power > p_units * (1 + 1e-9):
+            raise ConfigError(
+                f"config key 'power.alpha': got {alpha}; device {i}'s expected power "
+                f"{power * hw.tx_power_ref_w:.4g} W exceeds power.p_max_w={cfg.power.p_max_w} W"
+            )
+        uplink = DeviceUplink("before", 0.0, alpha, l, levels, 0.0, "norm", power)
+        settings = RecordSettings(
+            noise=pc.noise,
+            steps=1,
+            sampling_rate=1.0,
+            amplified=False,
+            example_clip=pc.example_clip,
+            expected_batch=float(size),
+            dataset_size=int(size),
+            step_noise_multiplier=0.0,
+            target_noise_multiplier=b,
+            relation=pc.relation,
+            credit_channel=False,
+            noise_distribution="laplace",
+            laplace_scale=scale,
         )
         out.append((uplink, settings))
     return out

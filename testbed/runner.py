@@ -23,7 +23,7 @@ import torch
 from aggregator.aggregate import average, global_update
 from aggregator.decoder import decode_differential, project_coordinates
 from aggregator.evaluate import evaluate
-from aggregator.privacy import LedgerError, RecordEvent, UploadEvent
+from aggregator.privacy import LedgerError
 from aggregator.privacy_book import PrivacyBook
 from aggregator.solver.calibration import smoothed_losses, uploads_to_target
 from edge_device.energy_meter import make_meter
@@ -52,7 +52,7 @@ from testbed.schemes import DeviceUplink, resolve_uplinks
 from testbed.secure_aggregation import secure_sum
 from testbed.seeding import Stream, experiment_generator, new_run_secret
 from testbed.stage_timer import StageTimer
-from testbed.upload_events import channel_fields, upload_event
+from testbed.upload_events import PrivacyEvent, channel_fields, upload_event
 
 __all__ = ["Experiment", "StageTimer", "TrainingDiverged", "run_experiment", "resume_experiment"]
 
@@ -301,7 +301,7 @@ class Experiment:
             fields["eps_max"] = f"{spent:.3g}"
         return fields
 
-    def _event(self, i: int, t: int, state: ChannelState | None) -> UploadEvent | RecordEvent:
+    def _event(self, i: int, t: int, state: ChannelState | None) -> PrivacyEvent:
         """The privacy event of device ``i``'s upload in round ``t`` given a channel state
         (``None``: unknown channel or a lost upload, no channel credit); see
         :func:`testbed.upload_events.upload_event`."""
@@ -311,11 +311,11 @@ class Experiment:
 
     def _gate(
         self, t: int, link: Link, skip: set[int]
-    ) -> tuple[list[UploadEvent | RecordEvent | None], list[np.random.Generator]]:
+    ) -> tuple[list[PrivacyEvent | None], list[np.random.Generator]]:
         """Per device: the gated event of its upload in round ``t`` (``None``: it may not
         upload), and its channel generator. Devices in ``skip`` already uploaded."""
         cfg = self.cfg
-        gated_events: list[UploadEvent | RecordEvent | None] = []
+        gated_events: list[PrivacyEvent | None] = []
         rngs = []
         for i, up in enumerate(self.uplinks):
             ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
@@ -392,7 +392,7 @@ class Experiment:
         return set(secrets.SystemRandom().sample(range(n), k))
 
     def _masked_upload(
-        self, t: int, i: int, gated: UploadEvent | RecordEvent, local: LocalUpload
+        self, t: int, i: int, gated: PrivacyEvent, local: LocalUpload
     ) -> dict[str, Any]:
         """Record device ``i``'s secure-aggregation upload of round ``t``: masked integers on
         the control plane (they cannot cross an analog channel), so no channel credit."""
@@ -454,7 +454,7 @@ class Experiment:
         self,
         t: int,
         i: int,
-        gated: UploadEvent | RecordEvent,
+        gated: PrivacyEvent,
         local: LocalUpload,
         link: Link,
         rng: np.random.Generator,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.privacy import RecordEvent, UploadEvent
+from aggregator.privacy import LaplaceRecordEvent, RecordEvent, UploadEvent
 from radio.link import ChannelState
 from testbed.config.experiment import ExperimentConfig
 from testbed.record_schemes import RecordSettings
@@ -42,6 +42,9 @@ def channel_fields(state: ChannelState | None, up: DeviceUplink, d: int) -> dict
     }
 
 
+#: Any event one upload produces.
+PrivacyEvent = UploadEvent | RecordEvent | LaplaceRecordEvent
+
 #: Keys of :func:`channel_fields` that a peer may send (the rest each side knows itself).
 CHANNEL_KEYS = ("gain", "n0", "trusted_channel_noise", "bound_failure_prob")
 
@@ -53,8 +56,11 @@ def upload_event(
     device: int,
     round_index: int,
     channel: dict[str, Any],
-) -> UploadEvent | RecordEvent:
+) -> PrivacyEvent:
     """Device ``device``'s privacy event for round ``round_index``.
+
+    A Laplace reply (``record.noise_distribution == "laplace"``) gives a
+    :class:`~aggregator.privacy.LaplaceRecordEvent`, which credits no channel noise.
 
     Parameters
     ----------
@@ -66,6 +72,15 @@ def upload_event(
     channel
         :func:`channel_fields` of the credited state.
     """
+    if record is not None and record.noise_distribution == "laplace":
+        return LaplaceRecordEvent(
+            round=round_index,
+            device=device,
+            scale=record.laplace_scale,
+            example_clip=record.example_clip,
+            dataset_size=record.dataset_size,
+            relation=record.relation,
+        )
     if record is not None:
         rs = record
         per_step = rs.noise == "per-step"

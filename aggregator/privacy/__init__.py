@@ -39,7 +39,7 @@ from aggregator.privacy.record_accountant import (
     device_level_epsilon,
     record_epsilon_for,
 )
-from aggregator.privacy.record_events import RELATIONS, RecordEvent
+from aggregator.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
 from aggregator.privacy.record_rdp import sgm_rdp
 from aggregator.privacy.strict import masked_sensitivity, sparse_norm_bound, strict_coefficient
 
@@ -55,6 +55,7 @@ __all__ = [
     "BudgetGuard",
     "EpsilonResult",
     "EventError",
+    "LaplaceRecordEvent",
     "Ledger",
     "LedgerError",
     "OrderAtEdgeWarning",

@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 from aggregator.privacy.accountant import PrivacyAccountant
 from aggregator.privacy.events import EventError, UploadEvent
-from aggregator.privacy.record_events import RecordEvent
+from aggregator.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.rundir import fsync_dir
 
 #: Type tag of the optional first line.
@@ -45,7 +45,11 @@ class LedgerEvent(Protocol):
 
 
 #: Event classes the ledger can hold, by their JSON ``type`` tag.
-EVENT_TYPES: dict[str, Any] = {UploadEvent.TYPE: UploadEvent, RecordEvent.TYPE: RecordEvent}
+EVENT_TYPES: dict[str, Any] = {
+    UploadEvent.TYPE: UploadEvent,
+    RecordEvent.TYPE: RecordEvent,
+    LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
+}
 
 
 def intents_path(ledger_path: Path) -> Path:

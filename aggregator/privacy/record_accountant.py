@@ -8,6 +8,12 @@ Accountants: ``"rdp"`` (Renyi DP curves, dp_accounting's conversion) and ``"pld"
 loss distributions, tighter). The device-level figure of the same run
 (:func:`device_level_epsilon`) and the figure with no channel credit are reported beside it:
 a record-level epsilon says nothing about a device's whole data set.
+
+:class:`~aggregator.privacy.record_events.LaplaceRecordEvent` (004's full-batch Laplace
+release) composes in the same per-device state: one Laplace mechanism of parameter
+``b = scale / (xi_1 / D)`` (``dp_accounting.LaplaceDpEvent(b)`` in the PLD engine, its exact
+RDP curve in the RDP engine), so a device's epsilon, the budget gate and the reports work
+the same for both mechanisms.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 from aggregator.privacy.events import EventError
 from aggregator.privacy.rdp import OrderAtEdgeWarning
 from aggregator.privacy.record_compose import PldEngine, RdpEngine
-from aggregator.privacy.record_events import RELATIONS, RecordEvent
+from aggregator.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
 
 RECORD_ACCOUNTANTS = ("rdp", "pld")
 #: PLD value discretization (nats): 1e-3 is within ~1e-4 relative of 1e-4 at 10x the speed.
@@ -31,7 +37,15 @@ DEFAULT_PLD_DISCRETIZATION = 1e-3
 #: Relative log-grid step z is rounded down to, per accountant (RDP curves are cheap).
 DEFAULT_Z_RESOLUTION = {"rdp": 0.0, "pld": 1e-3}
 _STATE_VERSION = 1
+_LAPLACE_CALIBRATION_ROUNDS = 20
 _STATE_KIND = "record-accountant"
+#: The record-level event types, by JSON ``type`` tag.
+RECORD_EVENT_TYPES: dict[str, type[RecordEvent] | type[LaplaceRecordEvent]] = {
+    RecordEvent.TYPE: RecordEvent,
+    LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
+}
+#: Any record-level event.
+AnyRecordEvent = RecordEvent | LaplaceRecordEvent
 
 
 @dataclass(frozen=True)
@@ -133,12 +147,12 @@ class RecordAccountant:
                  pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> None:
         self._engine = _engine(accountant, relation, z_resolution, pld_discretization)
         self._delta = _check_delta("RecordAccountant", delta)
-        self._events: dict[int, list[RecordEvent]] = {}
+        self._events: dict[int, list[AnyRecordEvent]] = {}
         self._states: dict[int, Any] = {}
         self._steps: dict[int, int] = {}
         self._results: dict[int, RecordEpsilon] = {}
         # the last what-if: (device, event, base state, new state, result)
-        self._pending: tuple[int, RecordEvent, Any, Any, RecordEpsilon] | None = None
+        self._pending: tuple[int, AnyRecordEvent, Any, Any, RecordEpsilon] | None = None
 
     @property
     def accountant(self) -> str:
@@ -159,13 +173,15 @@ class RecordAccountant:
         """Devices with at least one event, sorted."""
         return tuple(sorted(self._events))
 
-    def history(self, device: int) -> tuple[RecordEvent, ...]:
+    def history(self, device: int) -> tuple[AnyRecordEvent, ...]:
         """The device's events in the order added (a copy)."""
         return tuple(self._events.get(device, ()))
 
-    def _check(self, event: RecordEvent) -> None:
-        if not isinstance(event, RecordEvent):
-            raise TypeError(f"expected a RecordEvent, got {type(event).__name__}")
+    def _check(self, event: AnyRecordEvent) -> None:
+        if not isinstance(event, RecordEvent | LaplaceRecordEvent):
+            raise TypeError(
+                f"expected a RecordEvent or LaplaceRecordEvent, got {type(event).__name__}"
+            )
         if event.relation != self.relation:
             raise ValueError(
                 f"event relation {event.relation!r} differs from this accountant's "
@@ -177,20 +193,26 @@ class RecordAccountant:
             self._states[device] = self._engine.identity()
         return self._states[device]
 
-    def _project(self, device: int, event: RecordEvent) -> tuple[Any, Any, RecordEpsilon]:
+    def _contribution(self, event: AnyRecordEvent) -> Any:
+        if isinstance(event, LaplaceRecordEvent):
+            return self._engine.laplace_contribution(event.noise_multiplier, 1)
+        return self._engine.contribution(event.effective_sampling_rate,
+                                         event.effective_noise_multiplier, event.steps)
+
+    def _project(self, device: int, event: AnyRecordEvent) -> tuple[Any, Any, RecordEpsilon]:
         base = self._state(device)
         pending = self._pending
         if pending is not None and pending[0] == device and pending[1] == event \
                 and pending[2] is base:
             return base, pending[3], pending[4]
-        new = self._engine.compose(base, self._engine.contribution(
-            event.effective_sampling_rate, event.effective_noise_multiplier, event.steps))
+        new = self._engine.compose(base, self._contribution(event))
         result = _result(self._engine, new, self._delta, len(self._events.get(device, ())) + 1,
                          self._steps.get(device, 0) + event.steps)
         return base, new, result
 
-    def add(self, event: RecordEvent) -> None:
-        """Record one event (``steps`` subsampled-Gaussian steps of ``event.device``)."""
+    def add(self, event: AnyRecordEvent) -> None:
+        """Record one event (``steps`` subsampled-Gaussian steps of ``event.device``, or one
+        full-batch Laplace release)."""
         self._check(event)
         _, new, result = self._project(event.device, event)
         self._events.setdefault(event.device, []).append(event)
@@ -206,7 +228,7 @@ class RecordAccountant:
                                             0, 0)
         return self._results[device]
 
-    def epsilon_if(self, device: int, event: RecordEvent) -> RecordEpsilon:
+    def epsilon_if(self, device: int, event: AnyRecordEvent) -> RecordEpsilon:
         """What :meth:`epsilon` would return after :meth:`add` of ``event`` (bit for bit)."""
         self._check(event)
         if event.device != device:
@@ -225,14 +247,20 @@ class RecordAccountant:
         return self._engine.orders, self._engine.curve(self._state(device)).copy()
 
     def epsilon_without_channel(self, device: int) -> RecordEpsilon:
-        """The same history with no channel credit (``trusted_channel_noise = 0``)."""
-        groups: dict[tuple[float, float], int] = {}
+        """The same history with no channel credit (``trusted_channel_noise = 0``); Laplace
+        events credit none, so they enter as they are."""
+        groups: dict[tuple[str, float, float], int] = {}
         for e in self._events.get(device, ()):
-            key = (e.effective_sampling_rate, e.noise_multiplier_without_channel)
+            if isinstance(e, LaplaceRecordEvent):
+                key = ("laplace", 1.0, e.noise_multiplier)
+            else:
+                key = ("sgm", e.effective_sampling_rate, e.noise_multiplier_without_channel)
             groups[key] = groups.get(key, 0) + e.steps
         state = self._engine.identity()
-        for (q, z), steps in sorted(groups.items()):
-            state = self._engine.compose(state, self._engine.contribution(q, z, steps))
+        for (kind, q, z), steps in sorted(groups.items()):
+            part = (self._engine.laplace_contribution(z, steps) if kind == "laplace"
+                    else self._engine.contribution(q, z, steps))
+            state = self._engine.compose(state, part)
         return _result(self._engine, state, self._delta, len(self._events.get(device, ())),
                        self._steps.get(device, 0))
 
@@ -270,13 +298,21 @@ class RecordAccountant:
                     f"has {key}={mine!r}"
                 )
         try:
-            events = [RecordEvent.from_dict(e) for e in state.get("events", [])]
+            events = [_parse_event(e) for e in state.get("events", [])]
         except EventError as exc:
             raise ValueError(f"load_state_dict: {exc}") from exc
         self._events, self._states, self._steps, self._results = {}, {}, {}, {}
         self._pending = None
         for event in events:
             self.add(event)
+
+
+def _parse_event(data: Any) -> AnyRecordEvent:
+    kind = data.get("type") if isinstance(data, dict) else None
+    cls = RECORD_EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise EventError(f"unknown record event type {kind!r}; known: {sorted(RECORD_EVENT_TYPES)}")
+    return cls.from_dict(data)
 
 
 def record_epsilon_for(*, q: float, z: float, steps: int, delta: float,
@@ -337,31 +373,115 @@ def calibrate_noise_multiplier(*, q: float, steps: int, target_epsilon: float, d
                      delta=float(delta))
 
 
-def device_level_epsilon(events: Iterable[RecordEvent], delta: float) -> float:
+def laplace_epsilon_for(*, b: float, count: int, delta: float, accountant: str = "pld",
+                        relation: str = "add-remove",
+                        pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> RecordEpsilon:
+    """Record-level epsilon of ``count`` full-batch Laplace releases of parameter ``b``.
+
+    Parameters
+    ----------
+    b
+        ``scale / (xi_1 / D)`` (``>= 0``; ``0`` gives ``inf``): each release is ``(1 / b)``-DP
+        under add/remove.
+    count
+        Releases (``>= 1``).
+    delta, accountant, relation, pld_discretization
+        As for :class:`RecordAccountant` (the same engines, so the enforced accountant of a
+        run with these events reports exactly this).
+    """
+    _check_delta("laplace_epsilon_for", delta)
+    if isinstance(b, bool) or not (isinstance(b, int | float) and b >= 0):
+        raise ValueError(f"laplace_epsilon_for: b={b!r} must be >= 0")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"laplace_epsilon_for: count={count!r} must be an integer >= 1")
+    engine = _engine(accountant, relation, None, pld_discretization)
+    state = engine.compose(engine.identity(), engine.laplace_contribution(float(b), count))
+    return _result(engine, state, float(delta), count, count)
+
+
+def calibrate_laplace_noise_multiplier(*, count: int, target_epsilon: float, delta: float,
+                                       accountant: str = "pld", relation: str = "add-remove",
+                                       pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+                                       ) -> float:
+    """``b`` whose ``count`` Laplace releases are ``target_epsilon``-DP by basic composition.
+
+    Pure DP composes linearly and that is tight for the Laplace mechanism (the privacy loss
+    reaches ``count / b`` with positive probability): ``b = count / target`` under
+    add/remove, ``2 count / target`` under replace-one (sensitivity ``2 xi_1 / D``). That
+    ``b`` is then checked with the engine that will enforce the budget
+    (:func:`laplace_epsilon_for`, i.e. ``dp_accounting``'s PLD or RDP of
+    ``LaplaceDpEvent(b)``) and enlarged by the ratio it reports until it reports at most the
+    target: the PLD's pessimistic discretization may add up to ``count`` x the interval.
+    """
+    _check_delta("calibrate_laplace_noise_multiplier", delta)
+    if isinstance(target_epsilon, bool) or not (
+        isinstance(target_epsilon, int | float) and 0 < target_epsilon < math.inf
+    ):
+        raise ValueError(f"calibrate_laplace_noise_multiplier: target_epsilon="
+                         f"{target_epsilon!r} must be finite and > 0")
+    if relation not in RELATIONS:
+        raise ValueError(f"relation={relation!r} not in {RELATIONS}")
+    factor = 2.0 if relation == "replace-one" else 1.0
+    b = factor * count / float(target_epsilon)
+    for _ in range(_LAPLACE_CALIBRATION_ROUNDS):
+        eps = laplace_epsilon_for(b=b, count=count, delta=delta, accountant=accountant,
+                                  relation=relation,
+                                  pld_discretization=pld_discretization).epsilon
+        if eps <= target_epsilon:
+            return b
+        b *= (eps / target_epsilon) * (1.0 + 1e-9)
+    raise ValueError(
+        f"calibrate_laplace_noise_multiplier: {accountant} keeps b={b:.6g} above the target "
+        f"{target_epsilon:.6g} after {_LAPLACE_CALIBRATION_ROUNDS} enlargements"
+    )
+
+
+def device_level_epsilon(events: Iterable[AnyRecordEvent], delta: float) -> float:
     """Device-level epsilon of the same steps: add/remove of a device's whole data set.
 
-    Every step is taken as a Gaussian mechanism with **no** subsampling (all ``D`` records
-    may fall in one batch) and l2 sensitivity ``D C / B`` (``2 D C / B`` for replace-one),
-    i.e. noise multiplier ``z_eff / D`` (``z_eff / (2D)``), with the same channel credit.
-    Gaussian mechanisms compose exactly (Gaussian DP: ``mu = sqrt(sum steps (D/z_eff)^2)``),
-    and ``mu`` is converted exactly (Balle & Wang 2018, ``dp_accounting.get_epsilon_gaussian``).
+    Every Gaussian step is taken as a Gaussian mechanism with **no** subsampling (all ``D``
+    records may fall in one batch) and l2 sensitivity ``D C / B`` (``2 D C / B`` for
+    replace-one), i.e. noise multiplier ``z_eff / D`` (``z_eff / (2D)``), with the same
+    channel credit. Gaussian mechanisms compose exactly (Gaussian DP: ``mu = sqrt(sum steps
+    (D/z_eff)^2)``), and ``mu`` is converted exactly (Balle & Wang 2018,
+    ``dp_accounting.get_epsilon_gaussian``).
+
+    A Laplace event (:class:`LaplaceRecordEvent`) releases the l1-clipped sum over all ``D``
+    records divided by the public ``D``: a whole data set added or removed moves it by at
+    most ``D xi_1 / D = xi_1`` in l1 (``2 xi_1`` replace-one), so it is a Laplace mechanism of
+    parameter ``s / xi_1`` (``s / (2 xi_1)``), pure ``xi_1 / s``-DP. Laplace events compose
+    by basic composition (``sum xi_1 / s``; tight for pure DP, and a PLD would need
+    ``eps / 1e-4`` points at device-level epsilons in the thousands), added to the Gaussian
+    part's epsilon at ``delta`` (basic composition of ``(e1, delta)`` and ``(e2, 0)``).
     """
     from dp_accounting import get_epsilon_gaussian
 
     delta = _check_delta("device_level_epsilon", delta)
     terms = []
+    pure = []
     for event in events:
-        if not isinstance(event, RecordEvent):
-            raise TypeError(f"expected RecordEvents, got {type(event).__name__}")
         factor = 2.0 if event.relation == "replace-one" else 1.0
+        if isinstance(event, LaplaceRecordEvent):
+            b_dev = event.device_noise_multiplier / factor
+            if b_dev == 0:
+                return math.inf
+            pure.append(1.0 / b_dev)
+            continue
+        if not isinstance(event, RecordEvent):
+            raise TypeError(
+                f"expected RecordEvents or LaplaceRecordEvents, got {type(event).__name__}"
+            )
         z_dev = event.effective_noise_multiplier / (factor * event.dataset_size)
         if z_dev == 0:
             return math.inf
         ratio = 1.0 / z_dev
         terms.append(event.steps * ratio * ratio)
+    laplace = math.fsum(pure)
     mu = math.sqrt(math.fsum(terms))
     if mu == 0:
-        return 0.0
+        return laplace
     if math.isinf(mu):
         return math.inf
-    return float(get_epsilon_gaussian(1.0 / mu, delta))
+    return float(get_epsilon_gaussian(1.0 / mu, delta)) + laplace
+
+

@@ -2,19 +2,25 @@
 
 Both engines have one call shape: ``identity()`` (nothing released), ``contribution(q, z,
 steps)`` (``steps`` Poisson-subsampled Gaussian steps of sampling probability ``q`` and noise
-multiplier ``z``), ``compose(state, contribution)`` and ``epsilon(state, delta)``. They are
+multiplier ``z``), ``laplace_contribution(b, count)`` (``count`` Laplace mechanisms of
+parameter ``b = scale / l1 sensitivity``, add/remove, no sampling),
+``compose(state, contribution)`` and ``epsilon(state, delta)``. They are
 deterministic: the same calls give bit-identical states and epsilons, which is what lets the
 accountant's ``epsilon_if`` equal its ``epsilon`` after ``add``.
 
 * :class:`RdpEngine`: the state is the RDP curve on a fixed order grid (add/remove, both
-  directions), composed by addition; per-``(q, z)`` curves are cached.
+  directions) plus, as its last entry, the order-infinity value (pure-DP epsilon: finite
+  only while every part is pure, i.e. Laplace), composed by addition; per-``(q, z)`` curves
+  are cached. The reported epsilon is the smaller of the converted curve and that pure
+  epsilon (doubled for replace-one by group privacy).
 * :class:`PldEngine`: the state is a ``dp_accounting`` privacy loss distribution (connect-
   the-dots, pessimistic discretization: an upper bound), composed incrementally; per-``(q, z,
   steps)`` distributions are cached.
 
 ``z`` is rounded *down* to a log grid of relative step ``z_resolution`` before anything is
 computed (``0``: exact), so that nearby noise levels share a cache entry; rounding down can
-only overstate epsilon. Replace-one: RDP by the weak triangle inequality
+only overstate epsilon. Laplace parameters are not rounded (one exact value per device and
+run, so the cache is hit anyway). Replace-one: RDP by the weak triangle inequality
 (:func:`~aggregator.privacy.record_rdp.replace_one_rdp`); PLD by group privacy of the add/
 remove guarantee, ``(eps, d)`` for add/remove gives ``(2 eps, (1 + e^eps) d)`` for
 replace-one (see docs/privacy.md, "Record-level privacy").
@@ -65,6 +71,9 @@ class RdpEngine:
         self.orders = ORDERS
         self.grid = extended_orders(ORDERS) if relation == "replace-one" else ORDERS
         self._curve = functools.lru_cache(maxsize=_CACHE_SIZE)(self._compute_curve)
+        self._laplace_curve = functools.lru_cache(maxsize=_CACHE_SIZE)(
+            self._compute_laplace_curve
+        )
 
     def _compute_curve(self, q: float, z: float) -> np.ndarray:
         curve = sgm_rdp(q=q, noise_multiplier=z, orders=self.grid)
@@ -72,12 +81,31 @@ class RdpEngine:
         return curve
 
     def identity(self) -> np.ndarray:
-        """The curve of nothing released (zeros)."""
-        return np.zeros(len(self.grid))
+        """The curve of nothing released (zeros; last entry: order infinity)."""
+        return np.zeros(len(self.grid) + 1)
 
     def contribution(self, q: float, z: float, steps: int) -> np.ndarray:
-        """``steps`` times the one-step curve at ``(q, round_down(z))``."""
-        return steps * self._curve(float(q), round_down(float(z), self.z_resolution))
+        """``steps`` times the one-step curve at ``(q, round_down(z))``; a Gaussian is not
+        pure DP, so its order-infinity entry is ``inf`` (``0`` for ``z = inf``)."""
+        curve = steps * self._curve(float(q), round_down(float(z), self.z_resolution))
+        return np.append(curve, 0.0 if math.isinf(z) else math.inf)
+
+    def _compute_laplace_curve(self, b: float) -> np.ndarray:
+        from dp_accounting.rdp.rdp_privacy_accountant import _laplace_rdp
+
+        # Mironov (2017) Prop. 6, exact; symmetric, so both add/remove directions agree
+        curve = np.array([_laplace_rdp(1.0 / b, a) for a in self.grid])
+        curve.setflags(write=False)
+        return curve
+
+    def laplace_contribution(self, b: float, count: int) -> np.ndarray:
+        """``count`` times the RDP curve of the Laplace mechanism with parameter ``b``
+        (``(1 / b)``-DP; ``b = 0``: every order infinite)."""
+        if b == 0:
+            return np.full(len(self.grid) + 1, math.inf)
+        if math.isinf(b):
+            return self.identity()
+        return np.append(count * self._laplace_curve(float(b)), count / float(b))
 
     def compose(self, state: Any, contribution: Any) -> np.ndarray:
         """Sequential composition: curves add order by order."""
@@ -86,13 +114,25 @@ class RdpEngine:
 
     def curve(self, state: Any) -> np.ndarray:
         """The RDP curve at :attr:`orders` that is converted (replace-one bound if so)."""
+        rdp = state[:-1]
         if self.relation == "replace-one":
-            return replace_one_rdp(orders=self.orders, extended=self.grid, rdp=state)
-        return restrict(orders=self.orders, extended=self.grid, rdp=state)
+            return replace_one_rdp(orders=self.orders, extended=self.grid, rdp=rdp)
+        return restrict(orders=self.orders, extended=self.grid, rdp=rdp)
+
+    def pure_epsilon(self, state: Any) -> float:
+        """Pure-DP epsilon of the state (order infinity; ``inf`` once a Gaussian is in)."""
+        factor = 2.0 if self.relation == "replace-one" else 1.0
+        return factor * float(state[-1])
 
     def epsilon(self, state: Any, delta: float) -> tuple[float, float, bool]:
-        """``(epsilon, order, at_edge)`` of the composed curve."""
-        return rdp_to_epsilon(orders=self.orders, rdp=self.curve(state), delta=delta)
+        """``(epsilon, order, at_edge)`` of the composed curve, or ``(pure, inf, False)``
+        when the pure-DP epsilon is no larger."""
+        eps, order, edge = rdp_to_epsilon(orders=self.orders, rdp=self.curve(state),
+                                          delta=delta)
+        pure = self.pure_epsilon(state)
+        if pure <= eps:
+            return pure, math.inf, False
+        return eps, order, edge
 
 
 class PldEngine:
@@ -118,6 +158,7 @@ class PldEngine:
         self.z_resolution = z_resolution
         self.discretization = discretization
         self._make = functools.lru_cache(maxsize=_CACHE_SIZE)(self._compute_pld)
+        self._make_laplace = functools.lru_cache(maxsize=_CACHE_SIZE)(self._compute_laplace)
 
     def _compute_pld(self, q: float, z: float, steps: int) -> Any:
         if z == 0:
@@ -136,6 +177,21 @@ class PldEngine:
             value_discretization_interval=self.discretization,
             sampling_prob=q,
         ).self_compose(steps)
+
+    def _compute_laplace(self, b: float, count: int) -> Any:
+        if b == 0:
+            return NON_PRIVATE
+        if math.isinf(b):
+            return self.identity()
+        # as dp_accounting's PLDAccountant for a LaplaceDpEvent(b) composed `count` times
+        pld = self._pld.from_laplace_mechanism(
+            parameter=b, value_discretization_interval=self.discretization
+        )
+        return pld if count == 1 else pld.self_compose(count)
+
+    def laplace_contribution(self, b: float, count: int) -> Any:
+        """PLD of ``count`` Laplace mechanisms of parameter ``b`` (cached, not rounded)."""
+        return self._make_laplace(float(b), int(count))
 
     def identity(self) -> Any:
         """The PLD of nothing released."""

@@ -3,7 +3,9 @@
 A new meaning gets a new type: :class:`~aggregator.privacy.events.UploadEvent` is device-level
 (a device's whole clipped update); :class:`RecordEvent` (``TYPE = "record-sgm/v1"``) is
 record-level (one sample of one device's local data, per-example clipping, Poisson
-sampling). This module imports nothing from the package but :class:`EventError`.
+sampling); :class:`LaplaceRecordEvent` (``TYPE = "record-laplace/v1"``) is record-level too,
+for a full-batch Laplace release (l1 clipping, no sampling; 004's Laplace mechanism). This
+module imports nothing from the package but :class:`EventError`.
 
 Conventions (binding for whoever fills an event)
 ------------------------------------------------
@@ -189,3 +191,78 @@ class RecordEvent(JsonEvent):
     def noise_multiplier_without_channel(self) -> float:
         """``sigma * B / C``: the noise multiplier with no channel credit (trusted = 0)."""
         return self.sigma * self.expected_batch / self.example_clip
+
+
+@dataclass(frozen=True)
+class LaplaceRecordEvent(JsonEvent):
+    """One full-batch Laplace release of one device in one round (004's FedSGD-DPC, Laplace).
+
+    A new meaning, so a new type (``TYPE = "record-laplace/v1"``): the device releases
+    ``v = (sum over all its records of the l1-clipped per-example gradient) / D + Lap(0, s)``
+    per coordinate, with no sampling. ``D = dataset_size`` is the mechanism's public
+    normalizer (a constant, as ``expected_batch`` is for :class:`RecordEvent`), so adding or
+    removing one record moves the clipped sum by at most ``xi_1`` in l1 and ``v`` by at most
+    ``Delta_1 = xi_1 / D``; replace-one moves it by ``2 xi_1 / D`` (004's Theorem 1). The
+    event is pure ``(1 / b, 0)``-DP under add/remove with ``b = s / Delta_1``
+    (:attr:`noise_multiplier`). No channel noise is credited (the channel's Gaussian noise
+    on a Laplace value is not composed here).
+
+    Attributes
+    ----------
+    round, device
+        Global round index and device index (``>= 0``).
+    scale
+        ``s > 0``: Laplace scale per coordinate, in the units of ``v`` (gradient units);
+        the variance per coordinate is ``2 s^2``.
+    example_clip
+        ``xi_1 > 0``: l1 bound on each per-example gradient (gradient units).
+    dataset_size
+        ``D >= 1``: the device's records, all in the step, and the normalizer.
+    relation
+        ``"add-remove"`` (default) or ``"replace-one"``.
+    """
+
+    TYPE: ClassVar[str] = "record-laplace/v1"
+
+    round: int
+    device: int
+    scale: float
+    example_clip: float
+    dataset_size: int
+    relation: str = "add-remove"
+
+    def __post_init__(self) -> None:
+        for name in ("round", "device"):
+            _check_int(name, getattr(self, name), 0)
+        _check_int("dataset_size", self.dataset_size, 1)
+        for name in ("scale", "example_clip"):
+            value = getattr(self, name)
+            _check_real(name, value)
+            if value <= 0:
+                raise EventError(f"LaplaceRecordEvent.{name}={value!r} must be > 0")
+        if self.relation not in RELATIONS:
+            raise EventError(
+                f"LaplaceRecordEvent.relation={self.relation!r} not in {RELATIONS}"
+            )
+
+    #: One release per event (the accountant counts steps).
+    steps: ClassVar[int] = 1
+    #: Nothing estimated is credited.
+    bound_failure_prob: ClassVar[float] = 0.0
+
+    @property
+    def sensitivity(self) -> float:
+        """``Delta_1 = xi_1 / D``: l1 sensitivity of ``v`` under add/remove (gradient units)."""
+        return self.example_clip / self.dataset_size
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``b = s / Delta_1 = s D / xi_1`` (dimensionless): the add/remove event is
+        ``(1 / b)``-DP; ``dp_accounting.LaplaceDpEvent(b)``."""
+        return self.scale * self.dataset_size / self.example_clip
+
+    @property
+    def device_noise_multiplier(self) -> float:
+        """``s / xi_1``: ``b`` for a device's whole data set (``D`` records) added or
+        removed, whose l1 sensitivity on ``v`` is ``D xi_1 / D = xi_1``."""
+        return self.scale / self.example_clip

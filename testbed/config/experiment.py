@@ -137,8 +137,23 @@ class PrivacyConfig(_Strict):
             "device) or once on the upload (needs local_steps 1; channel noise credited)"
         ),
     )
+    noise_distribution: Literal["gaussian", "laplace"] = Field(
+        "gaussian",
+        description=(
+            "record unit: 'gaussian' (Poisson batches, l2 clipping, Gaussian noise per step) "
+            "or 'laplace' (scheme fedsgd-dpc only, 004's Laplace mechanism: every record in "
+            "the one local step, l1 clipping to example_clip, sum / D_i, Laplace noise from "
+            "the OS CSPRNG; pure DP)"
+        ),
+    )
     example_clip: float = Field(
-        1.0, gt=0, le=1e6, description="record unit: l2 bound C of each example's gradient"
+        1.0,
+        gt=0,
+        le=1e6,
+        description=(
+            "record unit: l2 bound C of each example's gradient (l1 bound xi_1 with "
+            "noise_distribution laplace)"
+        ),
     )
     accountant: Literal["rdp", "pld"] = Field(
         "pld",
@@ -158,7 +173,10 @@ class PrivacyConfig(_Strict):
         None,
         gt=0,
         le=1e6,
-        description="record unit: noise multiplier z per step; null = calibrated to epsilon",
+        description=(
+            "record unit: noise multiplier z per step (laplace: scale / (example_clip / D_i)); "
+            "null = calibrated to epsilon"
+        ),
     )
     per_example: Literal["vmap", "layers"] = Field(
         "vmap",
@@ -370,6 +388,12 @@ class ExperimentConfig(_Strict):
                 f"scheme: {self.scheme!r} adds noise at every local step of every record's "
                 f"clipped gradient; it needs privacy.unit=record and privacy.noise=per-step "
                 f"(got {self.privacy.unit!r} and {self.privacy.noise!r})"
+            )
+        if self.privacy.noise_distribution == "laplace" and self.scheme != "fedsgd-dpc":
+            raise ValueError(
+                f"privacy.noise_distribution: 'laplace' is 004's mechanism and runs only with "
+                f"scheme 'fedsgd-dpc' (scheme is {self.scheme!r}); use "
+                "privacy.noise_distribution=gaussian"
             )
         if self.scheme == "fedsgd-dpc" and self.local_steps != 1:
             raise ValueError(

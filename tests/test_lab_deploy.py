@@ -176,3 +176,32 @@ def test_edge_whose_key_is_not_allowed_is_refused(tmp_path: Path) -> None:
         assert not (tmp_path / "a").exists()  # nothing ran, nothing left
     finally:
         procs.close()
+
+
+def test_fedsgd_dpc_round_robin_in_the_lab(tmp_path: Path) -> None:
+    out = tmp_path / "lab"
+    code = launch(RECORD_CONFIG, 4, out, overrides=[
+        *RECORD_SETS[:3], "scheme=fedsgd-dpc", "privacy.noise=per-step", "local_steps=1",
+        "clients_per_round=2", "rounds=3", "eval_every=100", "train_samples=8000",
+    ], hw_overrides=[], round_timeout_s=60, join_timeout_s=120)
+    assert code == 0
+    run = out / "aggregator"
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for t, line in enumerate(lines):
+        sent = {d["device"] for d in line["devices"] if d.get("transmitted")}
+        assert sent == {(2 * t + j) % 4 for j in range(2)}
+    assert_ledgers_agree(run, {i: out / f"edge-{i}" for i in range(4)})
+    assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.parametrize("sets", [
+    ["scheme=zcdp-secagg", "privacy.noise=per-step"],
+    ["scheme=fedsgd-dpc", "privacy.noise=per-step", "local_steps=1",
+     "privacy.noise_distribution=laplace"],
+])
+def test_lab_refuses_what_it_does_not_run(sets: list[str]) -> None:
+    from testbed.config.loader import ConfigError
+    from testbed.lab.aggregator import check_lab_scheme
+
+    with pytest.raises(ConfigError, match="testbed run"):
+        check_lab_scheme(load_experiment(None, sets))

@@ -45,7 +45,7 @@ import numpy as np
 from radio.analog import n_symbols_for
 from radio.link import Link, LinkError, LinkFailed, Reception
 from radio.tdma import Slot, schedule_window
-from testbed.config.experiment import ExperimentConfig
+from testbed.config.experiment import SAMPLED_SCHEMES, ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.faults import fault_point
 from testbed.interrupts import StopSignals
@@ -456,8 +456,13 @@ class LabAggregator(Experiment):
             self.plane.poll(0.2)
         self._wait_for_rejoins(stop)
         absent = {i for i in range(cfg.devices) if not self.plane.ready(i)}
-        gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept) | absent))
-        if not kept and not absent and all(g is None for g in gated):
+        unselected = set(range(cfg.devices)) - self.selected_devices(t)  # 004's round robin
+        gated, ch_rngs = timer.timed(
+            "gate", lambda: self._gate(t, link, set(kept) | absent | unselected)
+        )
+        if not kept and not absent and all(
+            g is None for i, g in enumerate(gated) if i not in unselected
+        ):
             return None
         self._pending, self._settled = {}, {}
         order = [i for i, event in enumerate(gated) if event is not None and i not in absent]
@@ -490,7 +495,8 @@ class LabAggregator(Experiment):
             elif i in self._settled:
                 per_device.append(self._settled[i])
             elif i not in self._pending:
-                reason = "absent" if i in absent else "budget"
+                reason = ("not selected" if i in unselected else "absent" if i in absent
+                          else "budget")
                 per_device.append({"device": i, "transmitted": False, "skipped": reason})
             else:
                 nonce, event = self._pending[i]
@@ -501,7 +507,8 @@ class LabAggregator(Experiment):
         self._pending = {}
         if failure is not None:
             raise failure
-        line = self._close_round(t, decoded, losses, per_device, timer, t0)
+        n_avg = cfg.devices - len(unselected) if cfg.scheme in SAMPLED_SCHEMES else None
+        line = self._close_round(t, decoded, losses, per_device, timer, t0, n_avg=n_avg)
         if slots:
             line["tdma_guard_s"] = next(iter(slots.values())).guard_s
         return line
@@ -612,17 +619,20 @@ def check_lab_scheme(cfg: ExperimentConfig) -> None:
     Raises
     ------
     ConfigError
-        For the peer schemes that sample devices per round (004, 002: device selection and
-        002's secure aggregation are in ``testbed run`` only).
+        For 002 (secure aggregation) and 004's Laplace variant, in ``testbed run`` only.
     """
-    from testbed.config.experiment import SAMPLED_SCHEMES
     from testbed.config.loader import ConfigError
 
-    if cfg.scheme in SAMPLED_SCHEMES:
+    if cfg.scheme == "zcdp-secagg":
         raise ConfigError(
-            f"config key 'scheme': got {cfg.scheme!r}; the aggregator/edge pair does not run "
-            f"the device-sampling peer schemes {SAMPLED_SCHEMES} yet (their selection and "
-            "002's secure aggregation run in `testbed run`); allowed here: the other schemes"
+            "config key 'scheme': got 'zcdp-secagg'; the aggregator/edge pair does not run "
+            "002's secure aggregation yet (its key and masked-input exchange runs in "
+            "`testbed run`); allowed here: every other scheme"
+        )
+    if cfg.privacy.noise_distribution == "laplace":
+        raise ConfigError(
+            "config key 'privacy.noise_distribution': got 'laplace'; the aggregator/edge pair "
+            "runs 004 with Gaussian noise only (Laplace runs in `testbed run`)"
         )
 
 

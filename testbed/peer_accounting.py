@@ -9,7 +9,7 @@ from typing import Any
 
 from aggregator.peers.dp_pasgd import paper_epsilon, rho_total
 from testbed.config.experiment import ExperimentConfig
-from testbed.record_schemes import RecordSettings
+from testbed.record_schemes import RecordSettings, step_sigma
 
 
 def peer_report(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict[str, Any] | None:
@@ -33,7 +33,7 @@ def peer_report(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict
         return None
     steps = uploads * rs.steps
     G, X = rs.example_clip, rs.expected_batch
-    sigma = rs.step_noise_multiplier * G / X  # noise std on the averaged clipped gradient
+    sigma = step_sigma(rs)
     return {
         "paper": "000 DP-PASGD",
         "accounting": (
@@ -76,7 +76,7 @@ def _fedsgd_dpc(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict
             "epsilon": linear_composition(per, uploads),
         }
 
-    sigma = rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
+    sigma = step_sigma(rs)
     per_reply = gaussian_epsilon_per_reply(
         sigma, cfg.privacy.delta, clip_l2=rs.example_clip, local_size=float(rs.dataset_size)
     )
@@ -99,7 +99,7 @@ def _zcdp_secagg(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dic
 
     r = cfg.clients_per_round or cfg.devices
     gamma = max(1, min(int(round(rs.expected_batch)), rs.dataset_size))
-    sigma = rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
+    sigma = step_sigma(rs)
     out: dict[str, Any] = {
         "paper": "002 zCDP FL with secure aggregation",
         "accounting": (

@@ -120,6 +120,12 @@ def laplace_replies(cfg: ExperimentConfig) -> int:
     return -(-b * cfg.rounds // cfg.devices)
 
 
+def step_sigma(rs: RecordSettings) -> float:
+    """Per-step noise std on the averaged clipped gradient, ``z C / B`` (gradient units per
+    coordinate; the papers' sigma)."""
+    return rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
+
+
 def record_norm_bound(example_clip: float, expected_batch: float) -> float:
     """Bound on ``sqrt(E ||v||^2)`` for ``v`` = clipped sum / ``B`` over a Poisson batch.
 

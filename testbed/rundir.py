@@ -128,7 +128,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _lock(path: Path) -> int:
+def lock_directory(path: Path) -> int:
     """Take the exclusive lock of run directory ``path``; returns the lock's descriptor.
 
     The lock is an ``flock`` on ``path/.lock``: the kernel releases it when the holder exits
@@ -206,7 +206,7 @@ class RunDir:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RunDirError(f"--out '{path}': cannot create the directory: {exc}") from None
-        fd = _lock(path)
+        fd = lock_directory(path)
         if any(p.name != ".lock" for p in path.iterdir()):  # another process got there first
             os.close(fd)
             raise RunDirError(f"run directory '{path}' was filled by another process")
@@ -221,7 +221,7 @@ class RunDir:
             raise RunDirError(f"--resume '{path}': no such run directory")
         if not (path / "config.yaml").is_file():
             raise RunDirError(f"--resume '{path}': not a run directory (no config.yaml)")
-        return cls(path, _lock(path))
+        return cls(path, lock_directory(path))
 
     def remove(self) -> None:
         """Delete the whole directory (a run that never started) and release the lock."""

@@ -98,6 +98,14 @@ def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
     return Dataset(data.name, empty_x, np.zeros(0, np.int64), x_test, y_test, data.n_classes)
 
 
+def initial_model(cfg: ExperimentConfig, input_shape: tuple[int, ...]) -> torch.nn.Module:
+    """The run's model at its seeded initial weights (the same on the aggregator and on
+    every edge); ``input_shape``: one sample's shape, e.g. ``(1, 28, 28)``."""
+    init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
+    shape = tuple(int(x) for x in input_shape)
+    return build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
+
+
 def device_settings(
     cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
 ) -> tuple[list[DeviceUplink], list[RecordSettings | None]]:
@@ -174,9 +182,7 @@ class Experiment:
             dataset_sizes = [len(p) for p in parts]
         else:  # aggregator of a lab run: the test set only; the shards stay on the edges
             self.data, parts = prepare_test_data(cfg), None
-        input_shape = tuple(int(s) for s in self.data.x_test.shape[1:])
-        init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
-        self.model = build_model(cfg.model, input_shape, init_seed)  # type: ignore[arg-type]
+        self.model = initial_model(cfg, self.data.x_test.shape[1:])
         self.d = n_params(self.model)
         #: ``"record"`` or ``"device"`` for a DP scheme, ``None`` without DP.
         self.unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit

@@ -10,7 +10,7 @@ import numpy as np
 from aggregator.privacy import LaplaceRecordEvent, RecordEvent, UploadEvent
 from radio.link import ChannelState
 from testbed.config.experiment import ExperimentConfig
-from testbed.record_schemes import RecordSettings
+from testbed.record_schemes import RecordSettings, step_sigma
 from testbed.schemes import DeviceUplink
 
 
@@ -97,11 +97,7 @@ def upload_event(
             example_clip=rs.example_clip,
             expected_batch=rs.expected_batch,
             dataset_size=rs.dataset_size,
-            sigma=(
-                rs.step_noise_multiplier * rs.example_clip / rs.expected_batch
-                if per_step
-                else up.sigma
-            ),
+            sigma=step_sigma(rs) if per_step else up.sigma,
             relation=rs.relation,
             **channel,
         )

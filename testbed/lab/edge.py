@@ -42,7 +42,7 @@ from testbed.device_worker import DeviceWorker, TrainingDiverged
 from testbed.faults import fault_point
 from testbed.lab.secure_socket import CurveClient
 from testbed.protocol import Message, ProtocolError, decode, encode
-from testbed.rundir import RunDirError, _lock, atomic_write_bytes
+from testbed.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.stage_timer import StageTimer
 from testbed.upload_events import CHANNEL_KEYS, channel_fields, upload_event
 
@@ -153,9 +153,8 @@ class EdgeAgent:
         """Build data shard, model, worker and ledger from the run's config."""
         from testbed.config.loader import load_experiment, load_hardware
         from testbed.links import link_name, waveform_params
-        from testbed.models import build_model, n_params
-        from testbed.runner import device_settings, prepare_data
-        from testbed.seeding import Stream, experiment_generator
+        from testbed.models import n_params
+        from testbed.runner import device_settings, initial_model, prepare_data
 
         cfg_path = self.state_dir / "config.yaml"
         atomic_write_bytes(cfg_path, msg["config_yaml"].encode())
@@ -170,9 +169,7 @@ class EdgeAgent:
         data, parts = prepare_data(cfg)
         mine = parts[self.device]
         sizes = [len(p) for p in parts]
-        shape = tuple(int(s) for s in data.x_train.shape[1:])
-        init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
-        model = build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
+        model = initial_model(cfg, data.x_train.shape[1:])
         self.d = n_params(model)
         uplinks, record = device_settings(cfg, hw, self.d, sizes)
         self.uplink, self.record = uplinks[self.device], record[self.device]
@@ -495,7 +492,7 @@ class EdgeAgent:
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            lock = _lock(self.state_dir)
+            lock = lock_directory(self.state_dir)
         except RunDirError as exc:
             raise EdgeError(str(exc)) from None
         public, secret = load_device_keys(self.keys_dir, self.device)

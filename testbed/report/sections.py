@@ -1,0 +1,388 @@
+"""The report's tables, built from a :class:`~testbed.report.load.RunData`.
+
+Every number is a :class:`~testbed.report.tables.Cell` that names its file and key (or the
+operation over several), so ``report/sources.json`` can be checked against the run
+directory. With ``summary.json`` the figures are the summary's; without it (a killed run)
+they are read or summed from ``metrics.jsonl``'s committed rounds, and the notes say so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.report.load import CONFIG, LEDGER, META, METRICS, SUMMARY, RunData, as_float
+from testbed.report.tables import Cell, Key, Table, label, op_cell, value_cell
+
+
+def device_cell(run: RunData, dev: int) -> Cell:
+    """Device index ``dev`` read from the run: the summary's privacy entry of that device,
+    else its first entry in the metrics."""
+    devices = run.privacy.get("devices")
+    if isinstance(devices, list) and dev < len(devices) and isinstance(devices[dev], dict) \
+            and devices[dev].get("device") == dev:
+        return value_cell(run.summary, SUMMARY, ("privacy", "devices", dev, "device"))
+    for k, j, i, e in run.device_entries():
+        if i == dev and e.get("device") == dev:
+            return value_cell(run.rounds, METRICS, (k, "devices", j, "device"))
+    return label(f"device {dev}")
+
+
+# -- outcome ---------------------------------------------------------------------------------
+
+
+def _summary_row(run: RunData, name: str, *path: Key) -> list[Cell]:
+    return [label(name), value_cell(run.summary, SUMMARY, path)]
+
+
+def _best_accuracy_line(run: RunData) -> int | None:
+    """The metrics line of the first evaluation with the best test accuracy."""
+    _, acc, lines = run.round_series("test_accuracy")
+    if not lines:
+        return None
+    return lines[int(acc.argmax())]
+
+
+def outcome_table(run: RunData) -> Table:
+    """Status, reason, rounds, accuracy, loss, lost uploads, wall time."""
+    t = Table("outcome", ["", "value"])
+    best = _best_accuracy_line(run)
+    best_round = (
+        [label("round of the best test accuracy"),
+         value_cell(run.rounds, METRICS, (best, "round"))] if best is not None else None
+    )
+    if run.summary is not None:
+        t.rows = [
+            _summary_row(run, "status", "status"),
+            _summary_row(run, "reason", "reason"),
+            _summary_row(run, "exit code", "exit_code"),
+            _summary_row(run, "rounds completed", "rounds_completed"),
+            _summary_row(run, "rounds planned", "rounds_planned"),
+            _summary_row(run, "final test accuracy", "final_accuracy"),
+        ]
+        if run.summary.get("final_accuracy_round") is not None:
+            t.rows.append(_summary_row(run, "round of the final test accuracy",
+                                       "final_accuracy_round"))
+        t.rows.append(_summary_row(run, "best test accuracy", "best_accuracy"))
+        if best_round:
+            t.rows.append(best_round)
+        ev = run.summary.get("evaluation")
+        if "final_subset_accuracy" in run.summary:
+            t.rows.append(_summary_row(run, "final test-subset accuracy",
+                                       "final_subset_accuracy"))
+        if isinstance(ev, dict):
+            t.rows += [_summary_row(run, "test samples (full set)", "evaluation", "test_samples"),
+                       _summary_row(run, "test-subset samples (every round)", "evaluation",
+                                    "subset_samples")]
+        t.rows += [
+            _summary_row(run, "final train loss", "final_train_loss"),
+            _summary_row(run, "lost uploads (all devices)", "lost_uploads"),
+            _summary_row(run, "model parameters d", "d"),
+            _summary_row(run, "wall time (s)", "wall_time_s"),
+        ]
+        if not t.rows[1][1].text or t.rows[1][1].text == "n/a":
+            t.rows[1] = [label("reason"), label("(none given)")]
+        t.note = f"From `{SUMMARY}` (best-accuracy round: `{METRICS}`)."
+        return t
+    lines = list(range(len(run.rounds)))
+    _, _, acc_lines = run.round_series("test_accuracy")
+    t.rows = [
+        [label("status"), label(f"unknown: {SUMMARY} missing or unreadable")],
+        [label("rounds committed"), op_cell("count", METRICS, [(k,) for k in lines],
+                                            run.rounds)],
+        [label("rounds planned"), value_cell(run.config, CONFIG, ("rounds",))],
+        [label("last test accuracy"),
+         value_cell(run.rounds, METRICS, (acc_lines[-1], "test_accuracy")) if acc_lines
+         else label("n/a")],
+        [label("best test accuracy"),
+         op_cell("max", METRICS, [(k, "test_accuracy") for k in acc_lines], run.rounds)],
+    ]
+    if best_round:
+        t.rows.append(best_round)
+    t.rows.append([
+        label("last train loss"),
+        value_cell(run.rounds, METRICS, (lines[-1], "train_loss")) if lines else label("n/a"),
+    ])
+    t.note = (f"From `{METRICS}`'s committed rounds (no `{SUMMARY}`); rounds planned from "
+              f"`{CONFIG}`.")
+    return t
+
+
+# -- settings --------------------------------------------------------------------------------
+
+_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("experiment name", ("name",)),
+    ("scheme", ("scheme",)),
+    ("data set", ("dataset",)),
+    ("partition", ("partition",)),
+    ("dominant fraction (non-IID)", ("dominant_fraction",)),
+    ("training samples (cap)", ("train_samples",)),
+    ("test samples (cap)", ("eval_samples",)),
+    ("evaluate every (rounds)", ("eval_every",)),
+    ("test subset evaluated every round (samples)", ("eval_subset",)),
+    ("model", ("model",)),
+    ("devices", ("devices",)),
+    ("devices per round", ("clients_per_round",)),
+    ("rounds", ("rounds",)),
+    ("local steps H", ("local_steps",)),
+    ("batch size", ("batch_size",)),
+    ("learning rate", ("lr",)),
+    ("clip mode", ("clip", "mode")),
+    ("clip bound", ("clip", "bound")),
+    ("sparsify", ("compression", "sparsify")),
+    ("kept fraction theta_s", ("compression", "theta_s")),
+    ("quantize", ("compression", "quantize")),
+    ("quantization levels Q", ("compression", "levels")),
+    ("link (config; null: the hardware config's)", ("link",)),
+    ("SNR (dB)", ("snr_db",)),
+    ("fading", ("fading",)),
+    ("Rician K (dB)", ("rician_k_db",)),
+    ("noiseless channel", ("noiseless",)),
+    ("plan", ("plan",)),
+    ("computing energy per round e_comp (J)", ("energy", "e_comp_j")),
+    ("computing energy source", ("energy", "source")),
+    ("seed", ("seed",)),
+)
+_PRIVACY_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("privacy unit", ("privacy", "unit")),
+    ("target epsilon", ("privacy", "epsilon")),
+    ("delta", ("privacy", "delta")),
+    ("record accountant (record unit)", ("privacy", "accountant")),
+    ("device accounting (device unit)", ("privacy", "accounting")),
+    ("noise", ("privacy", "noise")),
+    ("noise distribution", ("privacy", "noise_distribution")),
+    ("neighbouring relation", ("privacy", "relation")),
+    ("example clip (record unit)", ("privacy", "example_clip")),
+    ("trusted channel-noise fraction", ("privacy", "trusted_channel_noise")),
+    ("secure sampling", ("privacy", "secure_sampling")),
+    ("stop on budget", ("privacy", "stop_on_budget")),
+)
+
+
+def settings_table(run: RunData) -> Table:
+    """The run's settings as its ``config.yaml`` holds them (and the link it used)."""
+    t = Table("settings", ["setting", "value", "source"])
+    rows = list(_SETTINGS) + (list(_PRIVACY_SETTINGS) if run.private else [])
+    other_unit = {"record": "(device unit)", "device": "(record unit)"}.get(str(run.unit))
+    for name, path in rows:
+        if other_unit is not None and name.endswith(other_unit):
+            continue  # the setting does not apply to this run's unit
+        cell = value_cell(run.config, CONFIG, path)
+        if cell.op is None:  # an older config without the key
+            continue
+        if name == "Rician K (dB)" and run.setting("fading") != "rician":
+            continue
+        t.rows.append([label(name), cell, label(f"{CONFIG}: {'.'.join(path)}")])
+    if not run.private and run.config is not None:
+        t.rows.append([label("privacy"), label("none (fedavg: no noise, no epsilon claimed)"),
+                       label(f"{CONFIG}: scheme")])
+    used = [(SUMMARY, run.summary), (META, run.meta)]
+    for file, doc in used:
+        cell = value_cell(doc, file, ("link",))
+        if cell.op is not None:
+            t.rows.append([label("link used"), cell, label(f"{file}: link")])
+            break
+    for key, what in (("name", "hardware config"), ("symbol_rate_hz", "symbol rate (Hz)"),
+                      ("tx_power_ref_w", "reference transmit power (W)")):
+        cell = value_cell(run.hw_config, "hw_config.yaml", (key,))
+        if cell.op is not None:
+            t.rows.append([label(what), cell, label(f"hw_config.yaml: {key}")])
+    t.note = "Each value as written in the run directory's file named on its row."
+    if run.config is None:
+        t.note = f"No readable `{CONFIG}`: the settings are unknown. " + t.note
+    return t
+
+
+# -- privacy ---------------------------------------------------------------------------------
+
+
+def _epsilon_label(key: str, enforced: str | None) -> str:
+    name = key.removeprefix("epsilon_")
+    if name == "no_channel":
+        return f"ε {enforced}, no channel credit"
+    if name == "device_level":
+        return "ε device-level (whole data set as the unit)"
+    if name == "paper":
+        return "ε paper (003 Thm 1, not a DP bound)" + (" (enforced)" if enforced == name else "")
+    return f"ε {name}" + (" (enforced)" if enforced == name else "")
+
+
+def _epsilon_keys(entries: list[dict[str, Any]], enforced: str | None) -> list[str]:
+    keys: list[str] = []
+    for e in entries:
+        for k, v in e.items():
+            if k.startswith("epsilon_") and k not in keys and as_float(v) is not None:
+                keys.append(k)
+    order = {f"epsilon_{enforced}": 0, "epsilon_no_channel": 2, "epsilon_device_level": 3}
+    return sorted(keys, key=lambda k: order.get(k, 1))
+
+
+def privacy_settings_table(run: RunData) -> Table:
+    """Unit, delta, target, enforced accountant and trust statement of a DP run."""
+    t = Table("privacy", ["", "value"])
+    src = SUMMARY if run.privacy else None
+    if src is not None:
+        for name, key in (("unit", "unit"), ("target epsilon per device", "epsilon_target"),
+                          ("delta", "delta"), ("enforced accountant", "enforced_accounting"),
+                          ("trust assumption", "trust")):
+            t.rows.append([label(name), value_cell(run.summary, SUMMARY, ("privacy", key))])
+        t.note = f"From `{SUMMARY}` `privacy`."
+    elif run.ledger_header is not None:
+        for name, key in (("unit", "unit"), ("target epsilon per device", "epsilon_target"),
+                          ("delta", "delta"), ("enforced accountant", "accounting")):
+            cell = value_cell([run.ledger_header], LEDGER, (0, key))
+            if key == "unit" and cell.op is None and run.unit == "device":
+                cell = label("device (a device-unit ledger header names no unit)")
+            t.rows.append([label(name), cell])
+        t.note = f"No `{SUMMARY}`: from the header line of `{LEDGER}`."
+    else:
+        acc = "accountant" if run.unit == "record" else "accounting"
+        for name, path in (("unit", ("privacy", "unit")),
+                           ("target epsilon per device", ("privacy", "epsilon")),
+                           ("delta", ("privacy", "delta")),
+                           ("enforced accountant", ("privacy", acc))):
+            t.rows.append([label(name), value_cell(run.config, CONFIG, path)])
+        t.note = f"No `{SUMMARY}` and no ledger header: as configured in `{CONFIG}`."
+    return t
+
+
+def epsilon_table(run: RunData) -> Table:
+    """Each device's final epsilon under every accountant, uploads and total delta."""
+    enforced = run.enforced
+    devices = run.privacy.get("devices")
+    if isinstance(devices, list) and devices and any("epsilon" in d for d in devices):
+        keys = _epsilon_keys(devices, enforced)
+        peer = any(isinstance(d.get("epsilon_peer_paper"), dict) for d in devices)
+        header = ["device", "uploads", *(_epsilon_label(k, enforced) for k in keys), "δ total"]
+        if peer:
+            header += ["ε paper's own accounting", "δ (paper)"]
+        t = Table("epsilon", header)
+        for i in range(len(devices)):
+            base: tuple[Key, ...] = ("privacy", "devices", i)
+            row = [value_cell(run.summary, SUMMARY, (*base, "device")),
+                   value_cell(run.summary, SUMMARY, (*base, "uploads"))]
+            row += [value_cell(run.summary, SUMMARY, (*base, k)) for k in keys]
+            row.append(value_cell(run.summary, SUMMARY, (*base, "delta_total")))
+            if peer:
+                row += [value_cell(run.summary, SUMMARY, (*base, "epsilon_peer_paper", k))
+                        for k in ("epsilon", "delta")]
+            t.rows.append(row)
+        t.note = f"From `{SUMMARY}` `privacy.devices` (after the last committed round)."
+        return t
+    # No summary: each device's last epsilon figures in the metrics.
+    keys = run.device_keys("epsilon_")
+    keys = _epsilon_keys([dict.fromkeys(keys, 0.0)], enforced)
+    t = Table("epsilon", ["device", "uploads", *(_epsilon_label(k, enforced) for k in keys)])
+    for dev in range(run.n_devices):
+        sent = [(k, j) for k, j, i, e in run.device_entries()
+                if i == dev and e.get("transmitted") is True]
+        row = [device_cell(run, dev),
+               op_cell("count", METRICS, [(k, "devices", j, "transmitted") for k, j in sent],
+                       run.rounds)]
+        for key in keys:
+            vals = run.device_values(key).get(dev)
+            row.append(value_cell(run.rounds, METRICS, (vals[-1][0], "devices", vals[-1][1],
+                                                          key)) if vals else label("no upload"))
+        t.rows.append(row)
+    t.note = f"From each device's last entry in `{METRICS}` (no `{SUMMARY}`)."
+    return t
+
+
+def peer_note(run: RunData) -> str:
+    """The peer paper's accounting and trust assumption (``epsilon_peer_paper``), if any."""
+    for d in run.privacy.get("devices") or []:
+        peer = d.get("epsilon_peer_paper") if isinstance(d, dict) else None
+        if isinstance(peer, dict):
+            parts = [f"**Paper's own accounting** ({peer.get('paper', 'peer system')}; unit "
+                     f"{peer.get('unit', 'not recorded')}): "
+                     f"{peer.get('accounting', 'not described')}."]
+            if peer.get("trust"):
+                parts.append(f"Trust assumption of that figure: {peer['trust']}")
+            else:
+                parts.append("The summary records no trust assumption of its own for that "
+                             "figure.")
+            return " ".join(parts)
+    return ""
+
+
+# -- energy, loss targets, channel -----------------------------------------------------------
+
+
+def energy_table(run: RunData) -> Table:
+    """Computing and communication energy per device (J, summed over the run)."""
+    t = Table("energy", ["device", "computing (J)", "communication (J)", "total (J)",
+                         "lost uploads"])
+    s = run.summary or {}
+    comp, comm = s.get("energy_comp_j_per_device"), s.get("energy_comm_j_per_device")
+    if isinstance(comp, list) and isinstance(comm, list):
+        n = len(comp)
+        c = ("energy_comp_j_per_device",)
+        r = ("energy_comm_j_per_device",)
+        for i in range(n):
+            t.rows.append([
+                device_cell(run, i),
+                value_cell(s, SUMMARY, (*c, i)),
+                value_cell(s, SUMMARY, (*r, i)),
+                op_cell("sum", SUMMARY, [(*c, i), (*r, i)], s),
+                value_cell(s, SUMMARY, ("lost_uploads_per_device", i)),
+            ])
+        t.rows.append([
+            label("all"),
+            op_cell("sum", SUMMARY, [(*c, i) for i in range(n)], s),
+            op_cell("sum", SUMMARY, [(*r, i) for i in range(n)], s),
+            op_cell("sum", SUMMARY, [(*c, i) for i in range(n)] + [(*r, i) for i in range(n)],
+                    s),
+            value_cell(s, SUMMARY, ("lost_uploads",)),
+        ])
+        t.note = (f"From `{SUMMARY}` (`energy_comp_j_per_device`, `energy_comm_j_per_device`, "
+                  f"lost uploads); totals are sums of those.")
+        return t
+    entries = run.device_entries()
+    for dev in range(run.n_devices):
+        mine = [(k, j, e) for k, j, i, e in entries if i == dev]
+        comp_p = [(k, "devices", j, "energy_comp_j") for k, j, e in mine
+                  if "energy_comp_j" in e]
+        comm_p = [(k, "devices", j, "energy_comm_j") for k, j, e in mine
+                  if "energy_comm_j" in e]
+        lost_p = [(k, "devices", j, "lost") for k, j, e in mine if e.get("lost") is True]
+        t.rows.append([
+            device_cell(run, dev),
+            op_cell("sum", METRICS, comp_p, run.rounds),
+            op_cell("sum", METRICS, comm_p, run.rounds),
+            op_cell("sum", METRICS, comp_p + comm_p, run.rounds),
+            op_cell("count", METRICS, lost_p, run.rounds),
+        ])
+    t.note = f"Summed over `{METRICS}`'s committed rounds (no `{SUMMARY}`)."
+    return t
+
+
+def loss_target_table(run: RunData) -> Table | None:
+    """Round and energy at which each configured training-loss target was reached."""
+    targets = (run.summary or {}).get("loss_targets")
+    if not isinstance(targets, list) or not targets:
+        return None
+    t = Table("loss_targets", ["target train loss", "window (rounds)", "reached at round",
+                               "energy to reach it (J, all devices)"])
+    for i in range(len(targets)):
+        t.rows.append([value_cell(run.summary, SUMMARY, ("loss_targets", i, k))
+                       for k in ("target", "window", "round", "energy_j")])
+    t.note = (f"From `{SUMMARY}` `loss_targets`: the first round (0-based) whose training "
+              f"loss averaged over the window is at or below the target, and the computing "
+              f"plus radio energy of all devices up to and including it; n/a: never reached.")
+    return t
+
+
+def snr_table(run: RunData) -> Table | None:
+    """Per device: uploads with an SNR, and its mean, minimum and maximum (dB)."""
+    by_dev = run.device_values("snr_db")
+    if not by_dev:
+        return None
+    t = Table("snr", ["device", "uploads with SNR", "mean SNR (dB)", "min SNR (dB)",
+                      "max SNR (dB)"])
+    for dev in sorted(by_dev):
+        paths = [(k, "devices", j, "snr_db") for k, j, _ in by_dev[dev]]
+        t.rows.append([device_cell(run, dev), op_cell("count", METRICS, paths, run.rounds),
+                       *(op_cell(op, METRICS, paths, run.rounds)
+                         for op in ("mean", "min", "max"))])
+    t.note = (f"From every upload's `snr_db` in `{METRICS}` (received SNR at the aggregator; "
+              f"the mean is of the dB values).")
+    return t

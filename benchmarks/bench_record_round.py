@@ -13,11 +13,12 @@ model and the same H:
 
 Each figure is the best of ``--repeats`` rounds (the variants alternate, so a busy machine
 slows all of them alike); the ratios are record / non-private (the issue's target: <= 2),
-in wall time and in process CPU time (steadier on a shared machine).
-Usage::
+in wall time (``record_B``, ``record_upload_B``) and in process CPU time (``record_cpu_B``,
+steadier on a shared machine). Default B = 64 with H = 10 steps; ``--full`` B = 32, 64, 128
+with H = 20. Usage::
 
     .venv/bin/python benchmarks/bench_record_round.py [--batch 32 64 128] [--steps 20]
-        [--repeats 3] [--threads 1] [--json]
+        [--repeats 3] [--threads 1] [--full] [--json]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
+from testbed.bench_figures import Figure, figure, format_table
 from testbed.data.datasets import load_dataset
 from testbed.models import build_model, get_flat
 
@@ -75,9 +77,10 @@ def best_seconds(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mnist-cnn", choices=["mnist-cnn", "logreg"])
-    p.add_argument("--batch", type=int, nargs="+", default=[32, 64, 128],
-                   help="(expected) batch sizes B")
-    p.add_argument("--steps", type=int, default=20, help="H, local steps per round")
+    p.add_argument("--batch", type=int, nargs="+", default=None,
+                   help="(expected) batch sizes B (default 64, with --full 32 64 128)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="H, local steps per round (default 10, with --full 20)")
     p.add_argument("--examples", type=int, default=6000, help="D, the device's examples")
     p.add_argument("--noise-multiplier", type=float, default=1.0, help="per-step z")
     p.add_argument("--clip", type=float, default=1.0, help="per-example clip C")
@@ -87,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=DEFAULT_DATA)
     p.add_argument("--backend", default="vmap", choices=["vmap", "layers"],
                    help="per-example gradients (privacy.per_example; default vmap, as runs)")
+    p.add_argument("--full", action="store_true", help="the large sizes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    args.batch = args.batch or ([32, 64, 128] if args.full else [64])
+    args.steps = args.steps or (20 if args.full else 10)
     if args.steps < 1 or args.repeats < 1 or args.threads < 1 or args.examples < max(args.batch):
         p.error("need --steps, --repeats, --threads >= 1 and --examples >= every --batch")
     torch.set_num_threads(args.threads)
@@ -119,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_upload": t["record_upload"] / t["nonprivate"],
             "ratio_cpu": cpu["record"] / cpu["nonprivate"],
             "ratio_upload_cpu": cpu["record_upload"] / cpu["nonprivate"],
+            "nonprivate_round_cpu_s": cpu["nonprivate"],
+            "record_round_cpu_s": cpu["record"],
         })
     result = {
         "model": args.model,
@@ -134,20 +142,26 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_max": max(r["ratio"] for r in rows),
         "ratio_cpu_max": max(r["ratio_cpu"] for r in rows),
     }
+    figures: list[Figure] = []
+    for r in rows:
+        b, t, nonpriv = r["batch"], r["record_round_s"], r["nonprivate_round_s"]
+        note = f"B = {b}, H = {args.steps}, {args.model}, {record.clipped_sum.backend}"
+        figures += [
+            figure(f"record_{b}", t, nonpriv, "s", better="lower", aim=2.0,
+                   baseline_name="non-private LocalTrainer round (wall)",
+                   note=f"{note}, per-step noise"),
+            figure(f"record_cpu_{b}", r["record_round_cpu_s"], r["nonprivate_round_cpu_s"], "s",
+                   better="lower", aim=2.0, baseline_name="non-private round (process CPU)",
+                   note=f"{note}, per-step noise"),
+            figure(f"record_upload_{b}", r["record_upload_round_s"], nonpriv, "s",
+                   better="lower", aim=2.0, baseline_name="non-private round (wall)",
+                   note=f"{note}, noise at the upload"),
+        ]
+    result["figures"] = [f.to_json() for f in figures]
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        for k, v in result.items():
-            if k != "rounds":
-                print(f"{k:18s} {v:.3f}" if isinstance(v, float) else f"{k:18s} {v}")
-        print(f"{'B':>5s} {'nonpriv s':>10s} {'record s':>10s} {'upload s':>10s} "
-              f"{'np ms/step':>10s} {'rec ms/step':>11s} {'ratio':>6s} {'ratio_up':>8s} "
-              f"{'cpu ratio':>9s} {'cpu r_up':>8s}")
-        for r in rows:
-            print(f"{r['batch']:5d} {r['nonprivate_round_s']:10.3f} {r['record_round_s']:10.3f} "
-                  f"{r['record_upload_round_s']:10.3f} {r['nonprivate_step_ms']:10.2f} "
-                  f"{r['record_step_ms']:11.2f} {r['ratio']:6.2f} {r['ratio_upload']:8.2f} "
-                  f"{r['ratio_cpu']:9.2f} {r['ratio_upload_cpu']:8.2f}")
+        print(format_table([("record_round", f, "ok") for f in figures]))
     return 0
 
 

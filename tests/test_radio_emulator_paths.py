@@ -1,0 +1,95 @@
+"""The waveform emulator's fast paths: channel noise, rotator and evenly spaced resampling.
+
+Each is checked against the direct computation it replaces (``sample_at`` at explicit
+positions, ``exp(j phase)`` per sample) or against the distribution it must draw from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from radio.pulse import sample_at, sample_line
+from radio.waveform_channel import _CHUNK, EmulatorParams, _Rotator, complex_gaussian, emulate
+
+
+def _band_limited(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Complex noise low-passed to a quarter of the band (like a pulse-shaped frame)."""
+    x = rng.standard_normal(n + 64) + 1j * rng.standard_normal(n + 64)
+    return np.convolve(x, np.hanning(17) / 8, "valid")[:n]
+
+
+def test_channel_noise_is_circular_gaussian() -> None:
+    n0, n = 0.3, 400_003  # not a multiple of the chunk
+    out = np.empty(n, dtype=np.complex64)
+    complex_gaussian(out, n0, np.random.default_rng(0))
+    re, im = out.real.astype(float), out.imag.astype(float)
+    sd = np.sqrt(n0 / 2)
+    # Sample-size-based tolerances: sd of the mean power n0 / sqrt(n) ~ 0.16 % of n0.
+    assert np.mean(np.abs(out) ** 2) == pytest.approx(n0, rel=0.01)
+    assert stats.kstest(re / sd, "norm").pvalue > 1e-3
+    assert stats.kstest(im / sd, "norm").pvalue > 1e-3
+    assert stats.kstest(np.abs(out.astype(complex)) ** 2 / n0, "expon").pvalue > 1e-3
+    for a, b in ((re, im), (re[1:], re[:-1]), (re**2, im**2)):
+        assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(n)
+    # Tails: P(|n|^2 > 10 n0) = e^-10.
+    assert np.mean(np.abs(out) ** 2 > 10 * n0) == pytest.approx(np.exp(-10), rel=0.3)
+
+
+def test_channel_noise_follows_its_generator() -> None:
+    a, b, c = (np.empty(70_000, dtype=np.complex64) for _ in range(3))
+    complex_gaussian(a, 1.0, np.random.default_rng(5))
+    complex_gaussian(b, 1.0, np.random.default_rng(5))
+    complex_gaussian(c, 1.0, np.random.default_rng(6))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_rotator_matches_the_direct_phase_across_chunks() -> None:
+    f, phase0 = 0.00173, 0.4
+    rot = _Rotator(f, phase0)
+    for m0, m in ((0, 1000), (_CHUNK - 100, 5000), (3 * _CHUNK + 7, _CHUNK)):
+        want = np.exp(1j * (2 * np.pi * f * np.arange(m0, m0 + m) + phase0))
+        assert np.max(np.abs(rot.chunk(m0, m) - want)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "start, step",
+    [(0.0, 1.0), (3.37, 1.0), (0.5, 1 + 50e-6), (0.5, 1 - 50e-6), (7.9, 1 - 2e-4),
+     (10.2, 1 + 2e-4), (5.0, 0.98), (2.0, 4.003)],
+)
+def test_sample_line_is_sample_at(start: float, step: float) -> None:
+    x = _band_limited(20_000, np.random.default_rng(1))
+    count = int((x.size - 1 - start) / step) + 1  # up to the last sample
+    ref = sample_at(x, start + step * np.arange(count))
+    got = sample_line(x, start, step, count)
+    assert got.dtype == np.complex64 and got.shape == ref.shape
+    assert np.max(np.abs(got - ref)) < 1e-6 * np.max(np.abs(ref))
+
+
+def test_sample_line_refuses_positions_outside() -> None:
+    x = np.ones(100, dtype=np.complex64)
+    with pytest.raises(ValueError, match=r"inside \[0, 99\]"):
+        sample_line(x, 0.5, 1.0, 100)
+
+
+@pytest.mark.parametrize("sro_ppm", [0.0, 60.0, -60.0])
+def test_emulated_timing_is_band_limited_resampling(sro_ppm: float) -> None:
+    """Noiseless, no fading: rx = sample_at(s, (m - delay) (1 + sro)) times a pure rotator."""
+    s = _band_limited(150_000, np.random.default_rng(2))
+    em = EmulatorParams(cfo_hz=1500.0, delay_max_samples=40.0, sro_ppm=sro_ppm, tail_samples=5)
+    fs = 1e6
+    rx, truth = emulate(s, em, 0.0, fs, np.random.default_rng(3))
+    ratio = 1 + sro_ppm * 1e-6
+    lead = int(np.ceil(truth.delay_samples))
+    n_frame = rx.size - lead - em.tail_samples
+    m = np.arange(lead, lead + n_frame)
+    t = np.clip((m - truth.delay_samples) * ratio, 0.0, s.size - 1)
+    ref = sample_at(s, t)
+    got = rx[lead : lead + n_frame]
+    assert np.max(np.abs(np.abs(got) - np.abs(ref))) < 1e-5
+    turn = got * np.conj(ref) / np.abs(ref) ** 2
+    step = np.angle(turn[1:] * np.conj(turn[:-1]))
+    strong = np.abs(ref[1:] * ref[:-1]) > 0.05 * np.mean(np.abs(ref) ** 2)  # phase well defined
+    assert np.allclose(step[strong], 2 * np.pi * truth.cfo_hz / fs, atol=1e-4)
+    assert np.all(rx[:lead] == 0) and np.all(rx[lead + n_frame :] == 0)

@@ -1,7 +1,9 @@
 """Control-plane messages shared by edge devices and the aggregator.
 
 Only side information travels here; model-update values travel over the link as analog
-symbols. This module imports nothing else of the project.
+symbols. The exception is 002's secure aggregation (``sa_*``): masked integers cannot cross
+an analog channel, so they travel here, masked. This module imports nothing else of the
+project.
 """
 
 from __future__ import annotations
@@ -58,16 +60,18 @@ class UploadHeader:
 # --- Control-plane messages between the aggregator and the edge agents -------------------
 #
 # A message is a multipart ZeroMQ message: one JSON header frame, then at most one binary
-# payload frame (little-endian float64 model weights, or complex128 symbols; an upload whose
-# symbols went over the radio carries an empty one). Everything
-# is validated on receipt: version, type, the exact set of fields and their kinds, sizes,
-# and that the payload has the length the header announces. A message that fails raises
-# :class:`ProtocolError`; the receiver logs and drops it and keeps serving.
+# payload frame (little-endian float64 model weights, complex128 symbols, or a masked
+# update's uint64 residues; an upload whose symbols went over the radio carries an empty
+# one). Everything is validated on receipt: version, type, the exact set of fields and their
+# kinds, sizes, and that the payload has the length the header announces. A message that
+# fails raises :class:`ProtocolError`; the receiver logs and drops it and keeps serving.
 
 #: Version of the message format; a peer speaking another one is refused. 2: ``round``
 #: carries ``tx_time_s``, ``upload`` carries ``on_air`` and ``tx_report``; ``clock_req`` and
-#: ``clock`` (the split ``usrp`` link's control-plane clock offset).
-PROTOCOL_VERSION = 2
+#: ``clock`` (the split ``usrp`` link's control-plane clock offset). 3: ``round`` carries
+#: ``mechanism`` (the aggregator's privacy event of the upload); the ``sa_*`` messages of
+#: 002's secure aggregation.
+PROTOCOL_VERSION = 3
 #: Largest JSON header accepted (bytes).
 MAX_HEADER_BYTES = 4 * 1024 * 1024
 #: Largest model accepted (parameters); bounds payload allocations.
@@ -84,6 +88,15 @@ MAX_TIMING_UNCERTAINTY_S = 1.0
 MAX_TX_POWER_W = 100.0
 #: Fields of an ``upload``'s ``tx_report`` (what the edge's transmitter did; seconds, watts).
 TX_REPORT_KEYS = ("airtime_s", "tx_power_w", "tx_time_usrp_s", "timing_uncertainty_s")
+#: Secure aggregation (:mod:`aggregator.peers.secagg`) on the wire, in lower-case hex digits:
+#: an X25519 public key (32 bytes), an AES-GCM nonce (12 bytes), an encrypted pair of Shamir
+#: ordinates (2 x 66 bytes plus the 16-byte tag) and one Shamir ordinate (66 bytes).
+SECAGG_KEY_HEX = 64
+SECAGG_NONCE_HEX = 24
+SECAGG_CIPHERTEXT_HEX = 296
+SECAGG_ORDINATE_HEX = 132
+#: Fewest devices a secure-aggregation roster lists.
+SECAGG_MIN_DEVICES = 3
 
 _INT = "int"
 _FLOAT = "float"
@@ -126,6 +139,11 @@ SCHEMAS: dict[str, dict[str, str]] = {
         # split usrp link: when the burst is due (start of the device's TDMA slot, s, on the
         # schedule's time base: radio/edge_radio.py); null on simulated links
         "tx_time_s": _FLOAT + _OPT,
+        # the privacy event the aggregator gated the upload with (its to_dict(), the
+        # mechanism's parameters: e.g. 004's l1 clip, Laplace scale and full batch); the
+        # edge records its own and refuses when they differ. Null: the aggregator keeps no
+        # ledger (no DP)
+        "mechanism": _DICT + _OPT,
     },
     # edge -> aggregator: one upload; payload = symbols (complex128), or empty (0 bytes)
     # when the symbols went over the radio (on_air)
@@ -152,9 +170,46 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "clock_req": {"device": _INT, "t_send": _FLOAT},
     # aggregator -> edge: its clock (t_remote, s) when it answered the request t_send
     "clock": {"device": _INT, "t_send": _FLOAT, "t_remote": _FLOAT},
+    # --- 002's secure aggregation (zcdp-secagg), after a ``round`` request; every message
+    # names the round and the request's nonce. The aggregator only relays; see docs/lab.md.
+    # edge -> aggregator, phase 0: its fresh X25519 public keys (hex)
+    "sa_keys": {
+        "device": _INT, "round": _INT, "nonce": _STR, "mask_public": _STR,
+        "channel_public": _STR,
+    },
+    # aggregator -> edge: U1 with every member's keys ({device, mask_public, channel_public})
+    # and the Shamir threshold
+    "sa_roster": {"device": _INT, "round": _INT, "nonce": _STR, "threshold": _INT, "keys": _LIST},
+    # edge -> aggregator, phase 1: its shares for every other member of U1, encrypted for
+    # the recipient ({recipient, nonce, ciphertext}, hex)
+    "sa_shares": {"device": _INT, "round": _INT, "nonce": _STR, "shares": _LIST},
+    # aggregator -> edge: U2 and the ciphertexts addressed to this device ({sender, nonce,
+    # ciphertext})
+    "sa_inbox": {
+        "device": _INT, "round": _INT, "nonce": _STR, "participants": _LIST, "shares": _LIST,
+    },
+    # edge -> aggregator, phase 2: the masked update; payload = d uint64 residues
+    "sa_masked": {
+        "device": _INT, "round": _INT, "nonce": _STR, "d": _INT, "train_loss": _FLOAT + _OPT,
+        "energy_comp_j": _FLOAT, "energy_comp_source": _STR,
+    },
+    # aggregator -> edge: whose masked input arrived (U3) and who dropped (U2 \ U3)
+    "sa_unmask_req": {
+        "device": _INT, "round": _INT, "nonce": _STR, "received": _LIST, "dropped": _LIST,
+    },
+    # edge -> aggregator, phase 3: [owner, x, y (hex)] shares of the self-mask seeds of U3
+    # and of the mask keys of the dropped
+    "sa_unmask": {
+        "device": _INT, "round": _INT, "nonce": _STR, "self_mask_shares": _LIST,
+        "mask_key_shares": _LIST,
+    },
+    # aggregator -> edge: this device takes no further part in the round (it was left out,
+    # or the round was abandoned)
+    "sa_abort": {"device": _INT, "round": _INT, "nonce": _STR, "reason": _STR},
 }
 
-#: Payload each type carries: None, "float64" (d values) or "complex128" (n_symbols).
+#: Payload each type carries: None, "float64" (d values), "complex128" (n_symbols) or
+#: "uint64" (d residues).
 PAYLOADS: dict[str, str | None] = {
     "hello": None,
     "welcome": None,
@@ -167,6 +222,14 @@ PAYLOADS: dict[str, str | None] = {
     "leave": None,
     "clock_req": None,
     "clock": None,
+    "sa_keys": None,
+    "sa_roster": None,
+    "sa_shares": None,
+    "sa_inbox": None,
+    "sa_masked": "uint64",
+    "sa_unmask_req": None,
+    "sa_unmask": None,
+    "sa_abort": None,
 }
 
 _MAX_STR = 1_000_000
@@ -218,7 +281,7 @@ def _kind_ok(value: Any, kind: str) -> bool:
 
 def _payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
     kind = PAYLOADS[msg_type]
-    if kind == "float64":
+    if kind in ("float64", "uint64"):
         return 8 * int(fields["d"])
     if kind == "complex128":
         return 0 if fields.get("on_air") else 16 * int(fields["n_symbols"])
@@ -256,6 +319,89 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
                 and isinstance(item["event"], dict)
             ):
                 raise ProtocolError("sync: events must be {nonce: str, event: dict} items")
+    if msg_type.startswith("sa_"):
+        _check_secagg(msg_type, fields)
+
+
+def _hex(value: Any, n: int) -> bool:
+    """``value`` is exactly ``n`` lower-case hex digits."""
+    return (isinstance(value, str) and len(value) == n
+            and all(c in "0123456789abcdef" for c in value))
+
+
+def _device_id(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_DEVICE
+
+
+def _items(msg_type: str, key: str, items: list[Any], schema: dict[str, Any]) -> None:
+    """Every item of ``items`` is a mapping with exactly ``schema``'s keys, each value
+    passing its check (a hex length or ``"device"``)."""
+    for item in items:
+        if not isinstance(item, dict) or set(item) != set(schema):
+            raise ProtocolError(f"{msg_type}: {key} items must have exactly {sorted(schema)}")
+        for name, want in schema.items():
+            ok = _device_id(item[name]) if want == "device" else _hex(item[name], want)
+            if not ok:
+                raise ProtocolError(f"{msg_type}: {key}.{name} is not a valid "
+                                    f"{'device id' if want == 'device' else f'{want}-digit hex'}")
+
+
+def _device_set(msg_type: str, key: str, values: list[Any]) -> set[int]:
+    if not all(_device_id(v) for v in values) or len(set(values)) != len(values):
+        raise ProtocolError(f"{msg_type}: {key} must be distinct device ids")
+    return set(values)
+
+
+def _check_secagg(msg_type: str, fields: dict[str, Any]) -> None:
+    """Sizes and shapes of the secure-aggregation messages (their meaning is checked where
+    they are turned into :mod:`aggregator.peers.secagg` objects)."""
+    me = fields["device"]
+    if msg_type == "sa_keys":
+        for key in ("mask_public", "channel_public"):
+            if not _hex(fields[key], SECAGG_KEY_HEX):
+                raise ProtocolError(f"sa_keys: {key} is not {SECAGG_KEY_HEX} hex digits")
+    elif msg_type == "sa_roster":
+        keys = fields["keys"]
+        _items(msg_type, "keys", keys, {"device": "device", "mask_public": SECAGG_KEY_HEX,
+                                        "channel_public": SECAGG_KEY_HEX})
+        members = _device_set(msg_type, "keys", [k["device"] for k in keys])
+        if len(members) < SECAGG_MIN_DEVICES or me not in members:
+            raise ProtocolError(f"sa_roster: must list at least {SECAGG_MIN_DEVICES} devices, "
+                                "its recipient among them")
+        if not 2 <= fields["threshold"] <= len(members) - 1:
+            raise ProtocolError(f"sa_roster: threshold {fields['threshold']} outside "
+                                f"[2, {len(members) - 1}]")
+    elif msg_type in ("sa_shares", "sa_inbox"):
+        peer = "recipient" if msg_type == "sa_shares" else "sender"
+        shares = fields["shares"]
+        _items(msg_type, "shares", shares, {peer: "device", "nonce": SECAGG_NONCE_HEX,
+                                            "ciphertext": SECAGG_CIPHERTEXT_HEX})
+        peers = _device_set(msg_type, f"shares.{peer}", [s[peer] for s in shares])
+        if me in peers:
+            raise ProtocolError(f"{msg_type}: a device shares nothing with itself")
+        if msg_type == "sa_inbox":
+            members = _device_set(msg_type, "participants", fields["participants"])
+            if me not in members or not peers <= members:
+                raise ProtocolError("sa_inbox: participants must hold the recipient and "
+                                    "every sender")
+    elif msg_type == "sa_unmask_req":
+        got = _device_set(msg_type, "received", fields["received"])
+        dropped = _device_set(msg_type, "dropped", fields["dropped"])
+        if me not in got or got & dropped:
+            raise ProtocolError("sa_unmask_req: received must hold the recipient and be "
+                                "disjoint from dropped")
+    elif msg_type == "sa_unmask":
+        owners: list[set[int]] = []
+        for key in ("self_mask_shares", "mask_key_shares"):
+            for item in fields[key]:
+                if not (isinstance(item, list) and len(item) == 3 and _device_id(item[0])
+                        and type(item[1]) is int and 1 <= item[1] <= MAX_DEVICE + 1
+                        and _hex(item[2], SECAGG_ORDINATE_HEX)):
+                    raise ProtocolError(f"sa_unmask: {key} items must be [owner, x, "
+                                        f"{SECAGG_ORDINATE_HEX}-digit hex y]")
+            owners.append(_device_set(msg_type, f"{key} owners", [i[0] for i in fields[key]]))
+        if owners[0] & owners[1]:
+            raise ProtocolError("sa_unmask: no owner's self-mask seed and mask key both")
 
 
 def _check_tx_report(on_air: bool, report: dict[str, Any] | None) -> None:

@@ -192,16 +192,3 @@ def test_fedsgd_dpc_round_robin_in_the_lab(tmp_path: Path) -> None:
         assert sent == {(2 * t + j) % 4 for j in range(2)}
     assert_ledgers_agree(run, {i: out / f"edge-{i}" for i in range(4)})
     assert not processes_mentioning(str(tmp_path))
-
-
-@pytest.mark.parametrize("sets", [
-    ["scheme=zcdp-secagg", "privacy.noise=per-step"],
-    ["scheme=fedsgd-dpc", "privacy.noise=per-step", "local_steps=1",
-     "privacy.noise_distribution=laplace"],
-])
-def test_lab_refuses_what_it_does_not_run(sets: list[str]) -> None:
-    from testbed.config.loader import ConfigError
-    from testbed.lab.aggregator import check_lab_scheme
-
-    with pytest.raises(ConfigError, match="testbed run"):
-        check_lab_scheme(load_experiment(None, sets))

@@ -44,7 +44,14 @@ from testbed.lab.usrp_split import (
     round_slots,
 )
 from testbed.links import waveform_params
-from testbed.protocol import Message, ProtocolError, UploadHeader, decode, encode
+from testbed.protocol import (
+    PROTOCOL_VERSION,
+    Message,
+    ProtocolError,
+    UploadHeader,
+    decode,
+    encode,
+)
 from testbed.rundir import RunDir
 from testbed.runner import _write_metadata
 from testbed.stage_timer import StageTimer
@@ -247,6 +254,7 @@ def test_protocol_carries_slot_times_on_air_uploads_and_clock_exchanges() -> Non
         "channel": None,
         "slot": 0,
         "deadline_s": 5.0,
+        "mechanism": None,
     }
     weights = bytes(32)
     assert (
@@ -315,7 +323,8 @@ def test_protocol_refuses_malformed_clock_messages() -> None:
     with pytest.raises(ProtocolError, match="missing fields"):
         encode("clock", {"device": 0, "t_send": 1.0})
     nan = json.dumps(
-        {"v": 2, "type": "clock", "device": 0, "t_send": 1.0, "t_remote": float("nan")}
+        {"v": PROTOCOL_VERSION, "type": "clock", "device": 0, "t_send": 1.0,
+         "t_remote": float("nan")}
     ).encode()
     with pytest.raises(ProtocolError):
         decode([nan])
@@ -525,6 +534,7 @@ def test_edge_journals_before_the_air_withdraws_missed_slots_and_stops_on_a_dead
                 "slot": 0,
                 "deadline_s": 30.0,
                 "tx_time_s": tx_time_s,
+                "mechanism": None,
             },
             weights,
         )
@@ -579,7 +589,8 @@ def test_edge_without_a_transmitter_refuses_a_slot(tmp_path: Path) -> None:
     client: Any = plane
     agent.handle(client, _welcome([*SETS, "link=waveform"]))
     assert agent.air is None and plane.of("clock_req") == []
-    plan = {"device": 0, "round": 0, "nonce": "n", "d": agent.d, "channel": None, "slot": 0}
+    plan = {"device": 0, "round": 0, "nonce": "n", "d": agent.d, "channel": None, "slot": 0,
+            "mechanism": None}
     weights = np.zeros(agent.d, "<f8").tobytes()
     agent.handle(client, encode("round", {**plan, "deadline_s": 5.0, "tx_time_s": 100.0}, weights))
     assert plane.sent[-1].type == "refuse" and "usrp link" in plane.sent[-1]["reason"]

@@ -82,6 +82,11 @@ def register(sub: Any) -> None:
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
                    help="usrp link: seconds from the round request to the first TDMA slot "
                         "(the edges train in it; default 10)")
+    p.add_argument("--phase-timeout", type=positive_seconds("--phase-timeout"), default=None,
+                   metavar="SECONDS",
+                   help="zcdp-secagg: seconds each secure-aggregation phase after the keys "
+                   "waits for the devices' answers (default 30; the keys phase, which "
+                   "includes the training, waits --round-timeout)")
     p.add_argument("--rejoin-wait", type=positive_seconds("--rejoin-wait"), default=None,
                    help="seconds a round waits for a device that dropped out to rejoin, once "
                    "per absence (default 0: the round goes on without it)")
@@ -94,11 +99,13 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from testbed.lab.aggregator import serve
     from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.lab.secagg_round import DEFAULT_PHASE_TIMEOUT_S
     from testbed.outcome import outcome_line
     from testbed.rundir import RunDirError, default_run_path, dumps
 
     setup_logging()
     progress = not args.no_progress and sys.stderr.isatty()
+    phase_timeout = args.phase_timeout or DEFAULT_PHASE_TIMEOUT_S
     try:
         if args.resume is not None:
             if args.config or args.overrides or args.out or args.hw_overrides:
@@ -111,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
                             join_timeout_s=args.join_timeout,
                             rejoin_wait_s=args.rejoin_wait or 0.0,
                             train_allowance_s=args.train_allowance,
+                            phase_timeout_s=phase_timeout,
                             endpoint_file=args.endpoint_file, progress=progress)
         else:
             cfg = load_experiment(args.config, args.overrides)
@@ -121,6 +129,7 @@ def _run(args: argparse.Namespace) -> int:
                             join_timeout_s=args.join_timeout,
                             rejoin_wait_s=args.rejoin_wait or 0.0,
                             train_allowance_s=args.train_allowance,
+                            phase_timeout_s=phase_timeout,
                             endpoint_file=args.endpoint_file, progress=progress)
     except KeyboardInterrupt:
         print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)

@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     p.add_argument("--hw", metavar="HW_CONFIG", help="this host's hardware config")
     p.add_argument("--data-dir", type=Path, help="where this host keeps the data set")
     p.add_argument("--max-epsilon", type=_epsilon, help="this device's own epsilon target")
+    p.add_argument("--keep-updates", action="store_true",
+                   help="keep this device's model and noisy differential of every round it "
+                   "trained in under STATE_DIR/updates/ (audits, tests; never sent)")
     p.add_argument("--rejoin-after", type=positive_seconds("--rejoin-after"), default=10.0,
                    help="seconds of silence after which the edge says hello again")
     p.set_defaults(func=_run)
@@ -82,7 +85,8 @@ def _run(args: argparse.Namespace) -> int:
                 return 2
         state = args.state_dir or Path("edge-state") / f"device-{args.device_id}"
         agent = EdgeAgent(args.connect, args.device_id, args.keys, state, data_dir=args.data_dir,
-                          hw=hw, max_epsilon=args.max_epsilon, rejoin_after_s=args.rejoin_after)
+                          hw=hw, max_epsilon=args.max_epsilon, rejoin_after_s=args.rejoin_after,
+                          keep_updates=args.keep_updates)
         return agent.run()
     except KeyboardInterrupt:
         return 130

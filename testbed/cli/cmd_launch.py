@@ -43,6 +43,10 @@ def register(sub: Any) -> None:
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
                    help="usrp link: seconds from the round request to the first TDMA slot")
+    p.add_argument("--phase-timeout", type=positive_seconds("--phase-timeout"), default=None,
+                   metavar="SECONDS",
+                   help="zcdp-secagg: seconds each secure-aggregation phase after the keys "
+                   "waits (default: the aggregator's)")
     p.set_defaults(func=_run)
 
 
@@ -54,14 +58,12 @@ def _run(args: argparse.Namespace) -> int:
     # Validate here, before any process starts (the error names the key).
     cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}"])
     load_hardware(cfg.hw_config, args.hw_overrides)
-    from testbed.lab.aggregator import check_lab_scheme
-
-    check_lab_scheme(cfg)
     out = args.out or default_run_path("launch")
     try:
         code = launch(args.config, args.devices, out, overrides=args.overrides,
                       hw_overrides=args.hw_overrides, round_timeout_s=args.round_timeout,
-                      join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance)
+                      join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance,
+                      phase_timeout_s=args.phase_timeout)
     except (FileExistsError, TimeoutError) as exc:
         print(f"testbed launch: error: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,11 @@ aggregator settles an open intent of that device with it and sends ``sync``, eve
 recorded for the device, which the edge adopts: after every round both ledgers hold the same
 uploads under the same nonces.
 
+Under 002's secure aggregation (``zcdp-secagg``) a round is instead
+:class:`testbed.lab.secagg_round.LabSecAggRound`: ``clients_per_round`` devices drawn with
+the OS CSPRNG, their masked updates on the control plane, the aggregator the protocol's
+server (it relays and learns only the sum).
+
 On the ``usrp`` link the edges transmit their own bursts (:mod:`testbed.lab.usrp_split`):
 the ``round`` message carries the start of the device's TDMA slot (``tx_time_s``), the
 aggregator keeps serving the control plane (``clock_req`` included) until the last slot's
@@ -49,6 +54,7 @@ from testbed.config.experiment import SAMPLED_SCHEMES, ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.faults import fault_point
 from testbed.interrupts import StopSignals
+from testbed.lab.secagg_round import DEFAULT_PHASE_TIMEOUT_S, EDGE_MESSAGES, LabSecAggRound
 from testbed.lab.secure_socket import CurveServer
 from testbed.lab.usrp_split import (
     CAPTURE_MARGIN_S,
@@ -145,7 +151,8 @@ class ControlPlane:
         refusals are returned.
 
         Malformed messages, messages whose ``device`` is not the sender's key's device, and
-        messages of unknown peers are dropped and logged (``rejected`` counts them).
+        messages of unknown peers are dropped and logged (``rejected`` counts them). The
+        secure aggregation's edge messages (``sa_*``) are returned too.
         """
         got = self.server.recv(timeout_s)
         if got is None:
@@ -192,7 +199,7 @@ class ControlPlane:
         if msg.type == "clock_req":  # answered at once, whatever else is under way
             self.send(device, "clock", {"t_send": msg["t_send"], "t_remote": self.clock()})
             return None
-        if msg.type not in ("upload", "refuse"):
+        if msg.type not in ("upload", "refuse", *EDGE_MESSAGES):
             self._reject(device, f"unexpected {msg.type}")
             return None
         return device, msg
@@ -246,6 +253,9 @@ class LabAggregator(Experiment):
     receiver_factory
         Usrp link: opens the slot receiver (default: the ``rx`` flowgraph on
         ``usrp.rx_args``; tests inject a stand-in stream).
+    phase_timeout_s
+        ``zcdp-secagg``: seconds each secure-aggregation phase after the keys waits (the
+        keys phase, which includes the training, waits ``round_timeout_s``).
     """
 
     def __init__(
@@ -261,14 +271,18 @@ class LabAggregator(Experiment):
         progress: bool = False,
         on_round: RoundCallback | None = None,
         rejoin_wait_s: float = 0.0,
+        phase_timeout_s: float = DEFAULT_PHASE_TIMEOUT_S,
     ) -> None:
         if not 0 < train_allowance_s < 1e6:
             raise ValueError(f"train_allowance_s: got {train_allowance_s}; allowed: > 0 s")
+        if not 0 < phase_timeout_s < 1e6:
+            raise ValueError(f"phase_timeout_s: got {phase_timeout_s}; allowed: 0 < s < 1e6")
         sizes = [plane.peers[i].dataset_size for i in range(cfg.devices)]
         super().__init__(cfg, hw, rundir, progress=progress, on_round=on_round,
                          dataset_sizes=[int(s or 0) for s in sizes])
         self.plane = plane
         self.round_timeout_s = round_timeout_s
+        self.phase_timeout_s = phase_timeout_s
         #: How long a round waits for a device that dropped out to rejoin (once per absence).
         self.rejoin_wait_s = rejoin_wait_s
         self._waited_for: set[int] = set()
@@ -350,9 +364,13 @@ class LabAggregator(Experiment):
         return self._split
 
     def _channel(self, event: Any) -> dict[str, Any] | None:
+        """The channel fields ``event`` credits (``None``: no ledger, or an event with no
+        channel part: 004's Laplace replies)."""
         if self.book is None:
             return None
         data = event.to_dict()
+        if not all(k in data for k in CHANNEL_KEYS):
+            return None
         return {k: data[k] for k in CHANNEL_KEYS}
 
     def _n_payload(self, i: int) -> int:
@@ -391,7 +409,8 @@ class LabAggregator(Experiment):
             return
         device, msg = got
         want = self._pending.get(device)
-        if want is None or msg["round"] != t or msg["nonce"] != want[0] or device in answers:
+        if (msg.type not in ("upload", "refuse") or want is None or msg["round"] != t
+                or msg["nonce"] != want[0] or device in answers):
             self.plane._reject(device, f"{msg.type} out of round (round {msg['round']})")
             return
         answers[device] = msg
@@ -441,20 +460,32 @@ class LabAggregator(Experiment):
         except LinkError as exc:  # the capture is not held: every window of it is lost
             return {i: exc for i in slots}, None
 
-    def _round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
-        cfg = self.cfg
-        timer = StageTimer()
-        t0 = time.perf_counter()
-        kept = self.rundir.load_inflight(t)
+    def _await_edges(self, t: int, stop: StopSignals) -> None:
+        """Before round ``t``: wait (one round timeout) for an edge if every one is gone,
+        then give devices that dropped out their ``--rejoin-wait``.
+
+        Raises
+        ------
+        LinkFailed
+            No edge connected within the round timeout.
+        """
         wait_until = time.monotonic() + self.round_timeout_s
-        while not any(self.plane.ready(i) for i in range(cfg.devices)):
-            # every edge is gone: wait (one round timeout) for one to rejoin
+        while not any(self.plane.ready(i) for i in range(self.cfg.devices)):
             stop.check()
             if time.monotonic() > wait_until:
                 raise LinkFailed(f"round {t}: no edge device connected for "
                                  f"{self.round_timeout_s:g} s (--round-timeout)")
             self.plane.poll(0.2)
         self._wait_for_rejoins(stop)
+
+    def _round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
+        if self.cfg.scheme == "zcdp-secagg":
+            return self._secagg_round(t, stop)
+        cfg = self.cfg
+        timer = StageTimer()
+        t0 = time.perf_counter()
+        kept = self.rundir.load_inflight(t)
+        self._await_edges(t, stop)
         absent = {i for i in range(cfg.devices) if not self.plane.ready(i)}
         unselected = set(range(cfg.devices)) - self.selected_devices(t)  # 004's round robin
         gated, ch_rngs = timer.timed(
@@ -474,6 +505,7 @@ class LabAggregator(Experiment):
             self._pending[i] = (nonce, event)
             self.plane.send(i, "round", {
                 "round": t, "nonce": nonce, "d": self.d, "channel": self._channel(event),
+                "mechanism": event.to_dict() if self.book is not None else None,
                 "slot": k, "deadline_s": float(self.round_timeout_s),
                 "tx_time_s": slots[i].start_s if i in slots else None,
             }, weights)
@@ -512,6 +544,48 @@ class LabAggregator(Experiment):
         if slots:
             line["tdma_guard_s"] = next(iter(slots.values())).guard_s
         return line
+
+    def _secagg_round(self, t: int, stop: StopSignals) -> dict[str, Any] | None:
+        """Round ``t`` of ``zcdp-secagg``: the selected devices the budget allows sum their
+        updates through the secure aggregation (:mod:`testbed.lab.secagg_round`); ``None``
+        when no selected device may upload (as in ``testbed run``)."""
+        cfg = self.cfg
+        timer = StageTimer()
+        t0 = time.perf_counter()
+        self._await_edges(t, stop)
+        selected = self.selected_devices(t)  # r of n, OS CSPRNG
+        absent = {i for i in selected if not self.plane.ready(i)}
+        gated = {i: self._event(i, t, None) for i in sorted(selected - absent)}
+        asked = {i: e for i, e in gated.items() if self.book is None or self.book.allows(e)}
+        if not absent and not asked:
+            return None
+        weights = np.ascontiguousarray(self.w, dtype="<f8").tobytes()
+        work = LabSecAggRound(self, t, asked, stop, self.phase_timeout_s)
+        outcome = timer.timed("secagg", lambda: work.run(weights))
+        per_device: list[dict[str, Any]] = []
+        for i in range(cfg.devices):
+            if i in outcome.devices:
+                per_device.append(outcome.devices[i])
+            else:
+                reason = ("not selected" if i not in selected else "absent" if i in absent
+                          else "budget")
+                per_device.append({"device": i, "transmitted": False, "skipped": reason})
+        # An abandoned round adds nothing: a zero step leaves the model as it was.
+        total = outcome.total if outcome.total is not None else np.zeros(self.d)
+        line = self._close_round(t, [total], outcome.losses, per_device, timer, t0,
+                                 n_avg=len(selected))
+        if outcome.total is None:
+            line["uploads"] = 0
+        line["secagg"] = outcome.report
+        return line
+
+    def _summary(self, status: str, reason: str, wall: float) -> dict[str, Any]:
+        summary = super()._summary(status, reason, wall)
+        if self.cfg.scheme == "zcdp-secagg":
+            summary["secagg_rounds_abandoned"] = sum(
+                1 for m in self.rundir.metrics() if m.get("secagg", {}).get("status")
+                == "abandoned")
+        return summary
 
     def _lost(self, t: int, i: int, nonce: str, error: str) -> dict[str, Any]:
         """Record an upload that may have gone on air but cannot be decoded: it counts,
@@ -613,29 +687,6 @@ def endpoint_note(path: Path | None, endpoint: str) -> None:
         atomic_write_bytes(path, (endpoint + "\n").encode())
 
 
-def check_lab_scheme(cfg: ExperimentConfig) -> None:
-    """Refuse, before anything starts, a scheme the lab pair does not run yet.
-
-    Raises
-    ------
-    ConfigError
-        For 002 (secure aggregation) and 004's Laplace variant, in ``testbed run`` only.
-    """
-    from testbed.config.loader import ConfigError
-
-    if cfg.scheme == "zcdp-secagg":
-        raise ConfigError(
-            "config key 'scheme': got 'zcdp-secagg'; the aggregator/edge pair does not run "
-            "002's secure aggregation yet (its key and masked-input exchange runs in "
-            "`testbed run`); allowed here: every other scheme"
-        )
-    if cfg.privacy.noise_distribution == "laplace":
-        raise ConfigError(
-            "config key 'privacy.noise_distribution': got 'laplace'; the aggregator/edge pair "
-            "runs 004 with Gaussian noise only (Laplace runs in `testbed run`)"
-        )
-
-
 def serve(
     *,
     bind: str,
@@ -648,6 +699,7 @@ def serve(
     join_timeout_s: float = 600.0,
     rejoin_wait_s: float = 0.0,
     train_allowance_s: float = DEFAULT_TRAIN_ALLOWANCE_S,
+    phase_timeout_s: float = DEFAULT_PHASE_TIMEOUT_S,
     endpoint_file: Path | None = None,
     progress: bool = False,
     receiver_factory: ReceiverFactory | None = None,
@@ -657,7 +709,8 @@ def serve(
 
     Binds the CurveZMQ server, waits for every device to join, then runs the rounds.
     Returns the run's summary (``status`` says how it ended). ``train_allowance_s``,
-    ``receiver_factory``: the usrp link's (:class:`LabAggregator`); ``clock``: the clock
+    ``receiver_factory``: the usrp link's, ``phase_timeout_s``: the secure aggregation's
+    (:class:`LabAggregator`); ``clock``: the clock
     ``clock_req`` is answered with and the receiver maps the schedule with (s).
 
     Raises
@@ -687,7 +740,6 @@ def serve(
     else:
         assert cfg is not None and hw is not None and out_dir is not None
         check_link_config(cfg, hw, record=cfg.record)
-        check_lab_scheme(cfg)
         rundir = RunDir.create(out_dir)
         try:
             _write_metadata(rundir, cfg, hw)
@@ -716,6 +768,7 @@ def serve(
             exp = LabAggregator(cfg, hw, rundir, plane, round_timeout_s=round_timeout_s,
                                 rejoin_wait_s=rejoin_wait_s,
                                 train_allowance_s=train_allowance_s,
+                                phase_timeout_s=phase_timeout_s,
                                 receiver_factory=receiver_factory, progress=progress)
         except Exception as exc:
             from aggregator.privacy import LedgerError

@@ -17,6 +17,16 @@ slot's start), and its ``upload`` carries the header and the transmitter's repor
 the symbols (``on_air``). Without a shared time reference it measures its clock offset to the
 aggregator (``clock_req`` -> ``clock``, NTP-style) at set-up and before each burst; other
 messages that arrive meanwhile are queued and handled afterwards.
+
+Every ``round`` carries the aggregator's privacy event of the upload (``mechanism``); the
+edge builds its own from the run's config and its shard, and refuses when they differ (both
+ledgers must record the same event). Under 002's secure aggregation (``zcdp-secagg``) the
+``round`` is answered with ``sa_keys`` and the round goes on in ``sa_*`` messages
+(:mod:`testbed.lab.secagg_edge`): the edge records its upload when the aggregator relays the
+shares of ``U2`` (``sa_inbox``), before it masks, and sends only its masked update. Its
+fault points (:mod:`testbed.faults`): ``edge_before_masked`` (recorded, not yet masked) and
+``edge_before_unmasking`` (masked input sent, unmasking request not answered); the
+aggregator's: ``secagg_after_commit`` (``U2`` recorded, no inbox sent yet).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import DeviceRadio, HardwareConfig
 from testbed.device_worker import DeviceWorker, TrainingDiverged
 from testbed.faults import fault_point
+from testbed.lab.secagg_edge import SESSION_ERRORS, EdgeSecAgg
 from testbed.lab.secure_socket import CurveClient
 from testbed.protocol import Message, ProtocolError, decode, encode
 from testbed.rundir import RunDirError, atomic_write_bytes, lock_directory
@@ -101,6 +112,10 @@ class EdgeAgent:
         This host's clock (s): the one the transmitter maps burst times with.
     clock_timeout_s
         Seconds to wait for the answer to one ``clock_req``.
+    keep_updates
+        Keep this device's own update of every round it trained in (the model it trained
+        from and its noisy differential, before encoding or masking) under
+        ``state_dir/updates/``, for audits and tests; it never leaves this host.
     """
 
     def __init__(
@@ -117,6 +132,7 @@ class EdgeAgent:
         air_factory: AirFactory | None = None,
         clock: Callable[[], float] = time.time,
         clock_timeout_s: float = CLOCK_REPLY_TIMEOUT_S,
+        keep_updates: bool = False,
     ) -> None:
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"--max-epsilon: got {max_epsilon}; allowed: a finite value > 0")
@@ -147,6 +163,9 @@ class EdgeAgent:
         self.offset: OffsetEstimate | None = None
         #: Messages received while waiting for a ``clock`` reply, handled next.
         self.inbox: deque[list[bytes]] = deque()
+        self.keep_updates = keep_updates
+        #: 002's secure-aggregation sessions (scheme ``zcdp-secagg`` only).
+        self.secagg: EdgeSecAgg | None = None
 
     # -- set-up ---------------------------------------------------------------------------
     def _setup(self, msg: Message) -> None:
@@ -191,6 +210,8 @@ class EdgeAgent:
                 relation=cfg.privacy.relation, header={"device": self.device},
             )
             self.target = target
+        if cfg.scheme == "zcdp-secagg":
+            self.secagg = EdgeSecAgg(self.device, self.d, cfg.clients_per_round or cfg.devices)
         self.link = link_name(cfg, hw)
         self.waveform = waveform_params(hw)
         if self.link == "usrp":
@@ -338,6 +359,8 @@ class EdgeAgent:
         assert self.worker is not None
         t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
         known = (self.book.nonces() if self.book else set()) | set(self.pending) | self.withdrawn
+        if self.secagg is not None:
+            known |= self.secagg.seen
         last = max((e.round for _, e in self.book.entries(self.device)), default=-1) if (
             self.book) else -1
         if nonce in known or t < last or msg["d"] != self.d:
@@ -350,10 +373,14 @@ class EdgeAgent:
                 f"the aggregator runs the usrp link, but this edge's link is {self.link} "
                 "(no transmitter); start it with --hw naming the lab's usrp config"))
             return
-        if tx_time is None and self.air is not None:
+        if tx_time is None and self.air is not None and self.secagg is None:
             log.warning("device %d: round %d without a slot time: the aggregator's link is "
                         "simulated; sending the symbols over the control plane", self.device, t)
         event = self._event(t, msg["channel"])
+        differs = self._mechanism_differs(event, msg["mechanism"])
+        if differs:
+            self._refuse(client, t, nonce, differs)
+            return
         if self.book is not None and not self.book.allows(event):
             self._refuse(client, t, nonce, (
                 f"this upload would pass the device's own epsilon target "
@@ -364,6 +391,10 @@ class EdgeAgent:
             local = self.worker.update(w, t, StageTimer())
         except TrainingDiverged as exc:
             self._refuse(client, t, nonce, str(exc))
+            return
+        self._keep(t, nonce, w, local.differential)
+        if self.secagg is not None:
+            self._secagg_begin(client, t, nonce, w, local, event)
             return
         if tx_time is not None:
             self._transmit(client, t, nonce, event, local, float(tx_time))
@@ -451,6 +482,89 @@ class EdgeAgent:
         if self.book is not None:
             self.book.commit(self._event(event.round, msg["channel"]), nonce)
 
+    def _mechanism_differs(self, event: Any, theirs: dict[str, Any] | None) -> str | None:
+        """Why the aggregator's event of this upload is not this device's own (``None``:
+        they agree, or either side keeps no ledger)."""
+        if self.book is None or theirs is None:
+            return None
+        mine = event.to_dict()
+        if mine == theirs:
+            return None
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        diff = ", ".join(f"{k}: aggregator {theirs.get(k)!r}, this device {mine.get(k)!r}"
+                         for k in keys)
+        return (f"the aggregator's privacy event of this upload differs from this device's "
+                f"own ({diff}); do both run the same config and data?")
+
+    def _keep(self, t: int, nonce: str, w: np.ndarray, update: np.ndarray | None) -> None:
+        """``--keep-updates``: write round ``t``'s model and noisy differential
+        (``updates/round-T-NONCE.npz``, float64 ``w`` and ``update``, shape ``(d,)``)."""
+        if not self.keep_updates or update is None:
+            return
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, w=np.asarray(w, np.float64), update=np.asarray(update, np.float64),
+                 round=np.int64(t))
+        folder = self.state_dir / "updates"
+        folder.mkdir(exist_ok=True)
+        atomic_write_bytes(folder / f"round-{t}-{nonce}.npz", buf.getvalue())
+
+    # -- 002's secure aggregation --------------------------------------------------------------
+    def _secagg_begin(self, client: CurveClient, t: int, nonce: str, w: np.ndarray,
+                      local: Any, event: Any) -> None:
+        """Trained: start the round's session and advertise its keys."""
+        assert self.secagg is not None and local.differential is not None
+        loss = local.train_loss if math.isfinite(local.train_loss) else None
+        meta = {"train_loss": loss, "energy_comp_j": float(local.comp.energy_j),
+                "energy_comp_source": str(local.comp.source)}
+        fields = self.secagg.begin(t, nonce, local.differential, event, meta)
+        self._send(client, "sa_keys", {**fields, "nonce": nonce})
+
+    def _secagg_refuse(self, client: CurveClient, msg: Message, reason: str) -> None:
+        assert self.secagg is not None
+        self.secagg.end()
+        log.warning("device %d: round %d: %s", self.device, msg["round"], reason)
+        self._refuse(client, msg["round"], msg["nonce"], reason)
+
+    def _on_secagg(self, client: CurveClient, msg: Message) -> None:
+        """A secure-aggregation message of the aggregator (``sa_*``)."""
+        s = self.secagg.current(msg) if self.secagg is not None else None
+        if s is None:
+            self.dropped += 1  # another round's, a replay, or no session
+            return
+        assert self.secagg is not None
+        t, nonce = s.round, s.nonce
+        if msg.type == "sa_abort":
+            log.info("device %d: round %d: %s", self.device, t, msg["reason"])
+            self.secagg.end()
+            return
+        try:
+            if msg.type == "sa_roster":
+                self._send(client, "sa_shares", {**self.secagg.share(s, msg), "nonce": nonce})
+            elif msg.type == "sa_inbox":
+                self._secagg_masked(client, s, msg)
+            elif msg.type == "sa_unmask_req":
+                fault_point("edge_before_unmasking")
+                self._send(client, "sa_unmask", {**self.secagg.reveal(s, msg), "nonce": nonce})
+        except SESSION_ERRORS as exc:
+            self._secagg_refuse(client, msg, f"secure aggregation: {type(exc).__name__}: {exc}")
+
+    def _secagg_masked(self, client: CurveClient, s: Any, msg: Message) -> None:
+        """``sa_inbox``: record the upload (the aggregator recorded it before relaying the
+        inbox), then mask the update and send it."""
+        if self.book is not None and s.nonce not in self.book.nonces():
+            if not self.book.allows(s.event):
+                raise ValueError(f"this upload would pass the device's own epsilon target "
+                                 f"{self.target:g} ({self.book.enforce} accounting)")
+            self.book.commit(s.event, s.nonce)
+        fault_point("edge_before_masked")
+        assert self.secagg is not None
+        payload = self.secagg.mask(s, msg)
+        self._send(client, "sa_masked", {"round": s.round, "nonce": s.nonce, "d": self.d,
+                                         **s.meta}, payload)
+        self.uploads += 1
+
     # -- main loop --------------------------------------------------------------------------
     def handle(self, client: CurveClient, frames: list[bytes]) -> bool:
         """Act on one received message; ``True`` when the aggregator said ``leave``."""
@@ -473,6 +587,8 @@ class EdgeAgent:
             self._on_round(client, msg)
         elif msg.type == "ack":
             self._on_ack(msg)
+        elif msg.type in ("sa_roster", "sa_inbox", "sa_unmask_req", "sa_abort"):
+            self._on_secagg(client, msg)
         elif msg.type == "clock":
             pass  # a late answer to an exchange given up
         elif msg.type == "leave":

@@ -86,13 +86,15 @@ def launch(
     round_timeout_s: float,
     join_timeout_s: float,
     train_allowance_s: float | None = None,
+    phase_timeout_s: float | None = None,
     edge_args: dict[int, list[str]] | None = None,
     on_started: Any = None,
 ) -> int:
     """Start the aggregator and ``devices`` edges; wait for the aggregator; stop the rest.
 
     Returns the aggregator's exit code (130 when stopped by a signal).
-    ``train_allowance_s``: the aggregator's ``--train-allowance`` (``None``: its default).
+    ``train_allowance_s``, ``phase_timeout_s``: the aggregator's ``--train-allowance`` and
+    ``--phase-timeout`` (``None``: its defaults); ``edge_args``: extra arguments per edge.
     """
     from testbed.lab.curve_keys import generate_keys
 
@@ -118,6 +120,8 @@ def launch(
                "--no-progress"]
         if train_allowance_s is not None:
             agg += ["--train-allowance", repr(float(train_allowance_s))]
+        if phase_timeout_s is not None:
+            agg += ["--phase-timeout", repr(float(phase_timeout_s))]
         for o in overrides:
             agg += ["--set", o]
         for o in hw_overrides:

@@ -25,6 +25,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_aggregator",
     "testbed.cli.cmd_edge",
     "testbed.cli.cmd_launch",
+    "testbed.cli.cmd_sweep",
+    "testbed.cli.cmd_report",
+    "testbed.cli.cmd_reproduce",
 )
 
 

@@ -93,6 +93,8 @@ def register(sub: Any) -> None:
     p.add_argument("--endpoint-file", type=Path, help="write the bound endpoint here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write report.md and its figures at the end (testbed report)")
     p.set_defaults(func=_run)
 
 
@@ -143,6 +145,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps({**summary, "run_dir": str(out)}))
     print(outcome_line(summary, out), file=sys.stderr if args.json else sys.stdout)
+    if not args.no_report:
+        from testbed.report import report_after_run
+
+        line = report_after_run(out, summary)
+        if line is not None:
+            print(line, file=sys.stderr)
     if summary["status"] == "interrupted":
         print(f"continue with:  testbed aggregator --bind {args.bind} --keys {args.keys} "
               f"--resume {out}", file=sys.stderr)

@@ -76,3 +76,23 @@ def write_report(run_dir: Path) -> Path:
     path = run_dir / REPORT_NAME
     atomic_write_bytes(path, text.encode("utf-8"))
     return path
+
+
+def report_after_run(run_dir: Path | None, summary: dict[str, object]) -> str | None:
+    """Write the report of a run that just ended (``testbed run`` / ``aggregator``).
+
+    Never raises: a report that cannot be written must not change the run's outcome.
+
+    Returns
+    -------
+    str | None
+        A line for the user (where the report is, or why it is missing); ``None`` when
+        there is no run directory (a run refused before its first round leaves none).
+    """
+    if run_dir is None or summary.get("run_dir_removed") or not Path(run_dir).is_dir():
+        return None
+    try:
+        path = write_report(Path(run_dir))
+    except Exception as exc:  # noqa: BLE001 - reported, the run's outcome stands
+        return f"report not written: {type(exc).__name__}: {exc} (try: testbed report {run_dir})"
+    return f"report: {path}"

@@ -53,7 +53,11 @@ def trust_statement(cfg: ExperimentConfig, unit: str | None) -> str | None:
     """Who the guarantee holds against, in words (for the summary)."""
     if unit is None:
         return None
-    credit = cfg.privacy.trusted_channel_noise
+    from testbed.schemes import SCHEMES
+
+    # A scheme that credits no channel noise (ldp-fedavg, s-dp-fl, the peers, and every
+    # upload on the control plane) says so, whatever privacy.trusted_channel_noise holds.
+    credit = cfg.privacy.trusted_channel_noise if SCHEMES[cfg.scheme].credit_channel else 0.0
     who = (
         "against the aggregator and anyone receiving the uploads; noise is added on each "
         "device (local model), "

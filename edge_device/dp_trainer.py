@@ -51,7 +51,7 @@ from torch import nn
 from edge_device.laplace_noise import laplace_noise
 from edge_device.noise import gaussian, secure_uniform
 from edge_device.per_example import Backend, ClippedGradientSum
-from edge_device.trainer import LocalResult
+from edge_device.trainer import DeviceData, LocalResult
 from testbed.models import get_flat, set_flat
 
 
@@ -127,7 +127,12 @@ class RecordTrainer:
         A model instance reused across devices (its weights are overwritten). Refused if it
         contains batch normalisation (per-example gradients are undefined).
     x, y
-        The device's samples: ``float32`` ``(D, C, H, W)`` and ``int64`` ``(D,)``, ``D >= 1``.
+        The device's samples: ``float32`` ``(D, C, H, W)`` and ``int64`` ``(D,)``, ``D >= 1``;
+        with ``index``, the shared training set
+        (:class:`~edge_device.trainer.DeviceData`).
+    index
+        ``None``, or the device's rows of ``x`` and ``y``, ``int`` ``(D,)``: nothing is
+        copied per device, each batch gathers its rows.
     backend
         Per-example gradient machinery: ``"vmap"`` (default: ``torch.func``), ``"layers"``
         (the project's layer-wise closed forms, about 1.5x faster; checked against ``vmap``
@@ -136,20 +141,35 @@ class RecordTrainer:
     """
 
     def __init__(
-        self, model: nn.Module, x: np.ndarray, y: np.ndarray, *, backend: Backend = "vmap"
+        self,
+        model: nn.Module,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        index: np.ndarray | None = None,
+        backend: Backend = "vmap",
     ) -> None:
-        if len(x) != len(y) or len(x) == 0:
-            raise ValueError(f"device data: {len(x)} images and {len(y)} labels")
+        self.data = DeviceData(
+            np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64), index
+        )
         self.model = model
         self.clipped_sum = ClippedGradientSum(model, backend=backend)
-        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-        self.y = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
         self.d = self.clipped_sum.d
 
     @property
     def n_examples(self) -> int:
         """``D``, the number of the device's examples."""
-        return len(self.y)
+        return len(self.data)
+
+    @property
+    def x(self) -> torch.Tensor:
+        """The device's images ``(D, C, H, W)`` (gathered, a copy, when its rows are shared)."""
+        return self.data.span(0, len(self.data))[0]
+
+    @property
+    def y(self) -> torch.Tensor:
+        """The device's labels ``(D,)`` (gathered, a copy, when its rows are shared)."""
+        return self.data.span(0, len(self.data))[1]
 
     def train(
         self,
@@ -213,8 +233,8 @@ class RecordTrainer:
             idx = poisson_sample(n, q, rng=None if secure_sampling else rng)
             sizes[t] = idx.size
             if idx.size:
-                sel = torch.from_numpy(idx)
-                total, _, losses = self.clipped_sum(self.x[sel], self.y[sel], example_clip)
+                xb, yb = self.data.batch(torch.from_numpy(idx))
+                total, _, losses = self.clipped_sum(xb, yb, example_clip)
                 loss_total += float(losses.double().sum())
                 seen += int(idx.size)
             else:
@@ -280,7 +300,7 @@ class RecordTrainer:
         total = torch.zeros(self.d, dtype=torch.float64)
         loss_total = 0.0
         for start in range(0, n, chunk):
-            xs, ys = self.x[start : start + chunk], self.y[start : start + chunk]
+            xs, ys = self.data.span(start, start + chunk)
             part, _, losses = self.clipped_sum(xs, ys, example_clip, norm=1)
             total += part.double()
             loss_total += float(losses.double().sum())

@@ -31,6 +31,49 @@ class LocalResult:
     mean_loss: float
 
 
+class DeviceData:
+    """One device's samples: its own arrays, or rows of arrays shared by many devices.
+
+    Parameters
+    ----------
+    x, y
+        ``float32`` ``(n, C, H, W)`` and ``int64`` ``(n,)``: the device's samples, or (with
+        ``index``) the training set that every device's rows are taken from.
+    index
+        ``None``, or ``int`` ``(D,)``: the device's rows of ``x`` and ``y``. The arrays are
+        then never copied per device; each batch gathers its rows (``x[index[batch]]``).
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, index: np.ndarray | None = None) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"device data: {len(x)} images and {len(y)} labels")
+        self.x = torch.from_numpy(np.ascontiguousarray(x))
+        self.y = torch.from_numpy(np.ascontiguousarray(y))
+        self.index = None if index is None else torch.from_numpy(np.asarray(index, np.int64))
+        if len(self) == 0:
+            raise ValueError("device data: no samples")
+        if self.index is not None and (
+            int(self.index.min()) < 0 or int(self.index.max()) >= len(self.y)
+        ):
+            raise ValueError(f"device data: index outside [0, {len(self.y)})")
+
+    def __len__(self) -> int:
+        """``D``, the device's number of samples."""
+        return len(self.y) if self.index is None else int(self.index.numel())
+
+    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device's samples ``rows`` (positions in ``[0, D)``, ``int64`` ``(b,)``)."""
+        if self.index is not None:
+            rows = self.index[rows]
+        return self.x[rows], self.y[rows]
+
+    def span(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device's samples ``start .. stop - 1`` (in its own order)."""
+        if self.index is None:
+            return self.x[start:stop], self.y[start:stop]
+        return self.batch(torch.arange(start, min(stop, len(self)), dtype=torch.int64))
+
+
 class LocalTrainer:
     """Runs H steps of plain minibatch SGD on one device's shard.
 
@@ -39,15 +82,17 @@ class LocalTrainer:
     model
         A model instance reused across devices (its weights are overwritten).
     x, y
-        The device's samples: ``float32`` ``(n, C, H, W)`` and ``int64`` ``(n,)``.
+        The device's samples: ``float32`` ``(n, C, H, W)`` and ``int64`` ``(n,)``; with
+        ``index``, the shared training set (see :class:`DeviceData`).
+    index
+        ``None``, or the device's rows of ``x`` and ``y``, ``int`` ``(D,)``.
     """
 
-    def __init__(self, model: nn.Module, x: np.ndarray, y: np.ndarray) -> None:
-        if len(x) != len(y) or len(x) == 0:
-            raise ValueError(f"device data: {len(x)} images and {len(y)} labels")
+    def __init__(
+        self, model: nn.Module, x: np.ndarray, y: np.ndarray, index: np.ndarray | None = None
+    ) -> None:
         self.model = model
-        self.x = torch.from_numpy(np.ascontiguousarray(x))
-        self.y = torch.from_numpy(np.ascontiguousarray(y))
+        self.data = DeviceData(x, y, index)
         self.loss_fn = nn.CrossEntropyLoss()
 
     def train(
@@ -67,12 +112,13 @@ class LocalTrainer:
         model = self.model
         set_flat(model, w_global)
         model.train()
-        n = len(self.y)
+        n = len(self.data)
         losses = []
         for _ in range(steps):
             idx = torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
             model.zero_grad(set_to_none=True)
-            loss = self.loss_fn(model(self.x[idx]), self.y[idx])
+            xb, yb = self.data.batch(idx)
+            loss = self.loss_fn(model(xb), yb)
             loss.backward()
             with torch.no_grad():
                 for p in model.parameters():

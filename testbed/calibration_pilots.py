@@ -67,7 +67,8 @@ def _num(x: float) -> str:
 
 
 def _run_overrides(rounds: int, window: int, stop_at_loss: float | None) -> list[str]:
-    out = [f"rounds={rounds}", f"eval_every={rounds}", f"loss_target_window={window}"]
+    out = [f"rounds={rounds}", f"eval_every={rounds}", "eval_subset=null",
+           f"loss_target_window={window}"]
     if stop_at_loss is not None:
         out.append(f"stop_at_loss={_num(stop_at_loss)}")
     return out

@@ -34,6 +34,7 @@ realized channel, stops a device that spent more. Derivations: ``docs/privacy.md
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -150,9 +151,14 @@ def _calibrated_z(
 
 
 def resolve_record_uplinks(
-    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+    cfg: ExperimentConfig,
+    hw: HardwareConfig,
+    d: int,
+    dataset_sizes: list[int],
+    devices: Sequence[int] | None = None,
 ) -> list[tuple[DeviceUplink, RecordSettings]]:
-    """Per-device uplink and record-level settings of a ``privacy.unit: record`` run.
+    """Per-device uplink and record-level settings of a ``privacy.unit: record`` run
+    (``devices``: only these devices, in this order; default every device).
 
     Parameters
     ----------
@@ -169,10 +175,12 @@ def resolve_record_uplinks(
         When a device holds fewer samples than the expected batch, or a configured alpha
         exceeds the power limit.
     """
+    ids = range(len(dataset_sizes)) if devices is None else devices
     if cfg.plan is not None:
-        return _record_uplinks_from_plan(cfg, hw, d, dataset_sizes)
+        planned = _record_uplinks_from_plan(cfg, hw, d, dataset_sizes)
+        return [planned[i] for i in ids]
     if cfg.privacy.noise_distribution == "laplace":
-        return _laplace_uplinks(cfg, hw, d, dataset_sizes)
+        return _laplace_uplinks(cfg, hw, d, dataset_sizes, ids)
     pc = cfg.privacy
     spec = SCHEMES[cfg.scheme]
     l = kept_coordinates(cfg, d)
@@ -185,7 +193,8 @@ def resolve_record_uplinks(
     norm = record_norm_bound(pc.example_clip, batch)
     p_units = cfg.power.p_max_w / hw.tx_power_ref_w
     out = []
-    for i, size in enumerate(dataset_sizes):
+    for i in ids:
+        size = dataset_sizes[i]
         if size < cfg.batch_size:
             raise ConfigError(
                 f"config key 'batch_size': got {cfg.batch_size}; device {i} holds only {size} "
@@ -259,7 +268,8 @@ def _calibrated_laplace(
 
 
 def _laplace_uplinks(
-    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int],
+    ids: Sequence[int],
 ) -> list[tuple[DeviceUplink, RecordSettings]]:
     """Per-device settings of 004's Laplace mechanism (``noise_distribution: laplace``).
 
@@ -280,7 +290,8 @@ def _laplace_uplinks(
             laplace_replies(cfg), pc.epsilon, pc.delta, pc.accountant, pc.relation
         )
     out = []
-    for i, size in enumerate(dataset_sizes):
+    for i in ids:
+        size = dataset_sizes[i]
         scale = b * pc.example_clip / size
         shape = {"clip": pc.example_clip, "sigma": math.sqrt(2.0) * scale}
         alpha = cfg.power.alpha or max_alpha(

@@ -3,7 +3,14 @@
 One round (003 Algorithm 1): every device trains H local SGD steps from the global model,
 encodes its differential (clip, noise, compress, scale) into analog symbols and sends them
 over the link; the aggregator inverts the channel, decodes, averages and updates the
-global model, then evaluates it on the test set.
+global model, then evaluates it on a fixed subset of the test set (``eval_subset``) and,
+every ``eval_every`` rounds and at the end, on the full test set.
+
+The devices asked in a round are every device, or a sample of them (``clients_per_round``
+for the peer schemes that sample, ``sample_devices`` for the others); a device's state
+(trainer, encoder) is made when it is first asked. With ``workers`` > 1 the local training
+of a round's devices runs in worker processes (:mod:`testbed.parallel_training`); the
+gate, encoding, transmission and ledger stay here, in device order.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import secrets
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +31,36 @@ import torch
 
 from aggregator.aggregate import average, global_update
 from aggregator.decoder import decode_differential, project_coordinates
-from aggregator.evaluate import evaluate
+from aggregator.evaluate import Evaluation, evaluate, sample_scores, subset_indices
 from aggregator.privacy import LedgerError
 from aggregator.privacy_book import PrivacyBook
 from aggregator.solver.calibration import smoothed_losses, uploads_to_target
-from edge_device.energy_meter import make_meter
+from edge_device.energy_meter import ModelMeter, make_meter
 from radio.analog import n_symbols_for
 from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed import __version__
-from testbed.config.experiment import SAMPLED_SCHEMES, ExperimentConfig
+from testbed.blas_threads import limit_blas_threads
+from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
-from testbed.config.loader import dump_yaml, load_experiment, load_hardware
+from testbed.config.loader import ConfigError, dump_yaml, load_experiment, load_hardware
 from testbed.data.datasets import Dataset, load_dataset
 from testbed.data.partition import iid_partition, noniid_partition
-from testbed.device_worker import DeviceWorker, LocalUpload, TrainingDiverged
+from testbed.device_worker import (
+    DeviceWorker,
+    LocalUpload,
+    Trained,
+    TrainingDiverged,
+    make_trainer,
+    train_device,
+)
 from testbed.faults import fault_point, log_air
 from testbed.interrupts import StopSignals
 from testbed.links import check_link_config, link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
 from testbed.outcome import exit_code, trust_statement
+from testbed.parallel_training import TrainingPool, resolve_workers
 from testbed.peer_accounting import peer_report
 from testbed.protocol import UploadHeader
 from testbed.record_schemes import RecordSettings, resolve_record_uplinks
@@ -110,12 +128,48 @@ def device_settings(
     cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
 ) -> tuple[list[DeviceUplink], list[RecordSettings | None]]:
     """Every device's uplink and (record unit) record-level settings; the same on the
-    aggregator and on every edge agent."""
+    aggregator and on every edge agent.
+
+    Without a plan, a device's settings depend on the device only through its SNR and its
+    number of samples, so they are resolved (and validated, before any work) once per
+    distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
+    one calibration, not 10,000. A plan lists every device and is read as it is.
+    """
     unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
+    n = len(dataset_sizes)
+    snrs = cfg.snr_db_per_device()
+    keys = [(float(snrs[i]), int(dataset_sizes[i])) for i in range(n)]
+    first: dict[tuple[float, int], int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    chosen = list(first.values()) if cfg.plan is None else list(range(n))
+    pairs: list[tuple[DeviceUplink, RecordSettings | None]]
     if unit == "record":
-        pairs = resolve_record_uplinks(cfg, hw, d, dataset_sizes)
+        pairs = list(resolve_record_uplinks(cfg, hw, d, dataset_sizes, devices=chosen))
+    else:
+        pairs = [(up, None) for up in resolve_uplinks(cfg, hw, d, devices=chosen)]
+    if cfg.plan is not None:
         return [up for up, _ in pairs], [rs for _, rs in pairs]
-    return resolve_uplinks(cfg, hw, d), [None] * len(dataset_sizes)
+    by_key = {keys[i]: pair for i, pair in zip(chosen, pairs, strict=True)}
+    return [by_key[k][0] for k in keys], [by_key[k][1] for k in keys]
+
+
+def round_devices(cfg: ExperimentConfig, t: int) -> set[int]:
+    """Devices asked to upload in round ``t``: every device; for 004 the ``b`` next in round
+    robin and for 002 ``r`` drawn with the OS CSPRNG (``clients_per_round``); for the other
+    schemes ``sample_devices`` drawn uniformly without replacement from the experiment seed
+    (stream DEVICE_SAMPLING, the same after a resume; no amplification by device sampling is
+    credited)."""
+    n = cfg.devices
+    if cfg.sample_devices is not None and cfg.sample_devices < n:
+        rng = experiment_generator(cfg.seed, Stream.DEVICE_SAMPLING, 0, t)
+        return {int(i) for i in rng.choice(n, size=cfg.sample_devices, replace=False)}
+    k = cfg.clients_per_round
+    if k is None or k >= n:
+        return set(range(n))
+    if cfg.scheme == "fedsgd-dpc":
+        return {(t * k + j) % n for j in range(k)}
+    return set(secrets.SystemRandom().sample(range(n), k))
 
 
 def tally(
@@ -175,6 +229,7 @@ class Experiment:
         self.progress = progress
         self.on_round = on_round
         torch.set_num_threads(cfg.torch_threads)
+        limit_blas_threads(cfg.torch_threads)
         # energy.source: measured on a host without a power meter is refused here (exit 2)
         self.energy_meter = make_meter(cfg.energy.source, cfg.energy.e_comp_j)
         if dataset_sizes is None:  # in process: the data and every device live here
@@ -189,15 +244,29 @@ class Experiment:
         self.uplinks, record = device_settings(cfg, hw, self.d, dataset_sizes)
         self.record: list[RecordSettings] = [r for r in record if r is not None]
         self.run_secret = (rundir.path / "run_secret").read_text().strip()
-        #: Local training and encoding per device (empty on a lab aggregator).
-        self.workers: list[DeviceWorker] = []
-        if parts is not None:
-            x, y = self.data.x_train, self.data.y_train
-            self.workers = [
-                DeviceWorker(cfg, self.model, i, x[p], y[p], self.uplinks[i], record[i],
-                             self.run_secret, self.energy_meter)
-                for i, p in enumerate(parts)
-            ]
+        #: Each device's rows of the training set (``None`` on a lab aggregator).
+        self.parts = parts
+        #: Local training and encoding of each device asked so far (made on first use; none
+        #: on a lab aggregator).
+        self.device_workers: dict[int, DeviceWorker] = {}
+        #: Processes that train a round's devices (1: this one, no pool).
+        self.n_workers = 1 if parts is None else self._resolve_workers()
+        self._pool: TrainingPool | None = None
+        #: The fixed evaluation subset (test-set indices, ``(k,)``) and its samples.
+        self.eval_index: np.ndarray | None = None
+        if cfg.eval_subset is not None:
+            self.eval_index = subset_indices(
+                len(self.data.y_test), cfg.eval_subset,
+                experiment_generator(cfg.seed, Stream.EVAL),
+            )
+            if len(self.eval_index) == len(self.data.y_test):
+                self._x_sub, self._y_sub = self.data.x_test, self.data.y_test
+            else:
+                self._x_sub = self.data.x_test[self.eval_index]
+                self._y_sub = self.data.y_test[self.eval_index]
+        #: Training losses of the committed rounds (``stop_at_loss``).
+        self._losses: list[float] = []
+        self._eps_max = 0.0
         self.book: PrivacyBook | None = None
         if self.unit is not None:
             if self.unit == "device" and cfg.privacy.accounting == "paper":
@@ -218,6 +287,44 @@ class Experiment:
             )
         self.w = get_flat(self.model)
 
+    def _resolve_workers(self) -> int:
+        """Worker processes for local training (``workers``; see
+        :func:`~testbed.parallel_training.resolve_workers`). A power meter measures the whole
+        host per device's time slice, so it needs one device at a time: ``auto`` is then 1
+        and an explicit number is refused (before any work)."""
+        cfg = self.cfg
+        per_round = cfg.sample_devices or cfg.clients_per_round or cfg.devices
+        n = resolve_workers(cfg.workers, cfg.torch_threads, per_round)
+        if n > 1 and not isinstance(self.energy_meter, ModelMeter):
+            if cfg.workers == "auto":
+                return 1
+            raise ConfigError(
+                f"config key 'workers': got {cfg.workers}; the computing energy is measured "
+                f"({self.energy_meter.source}), which needs one device training at a time; "
+                "allowed: 1 or 'auto', or energy.source=model"
+            )
+        return n
+
+    def _training_pool(self) -> TrainingPool | nullcontext[None]:
+        """The run's worker processes (a context manager), forked now that the training set
+        and the partition exist; ``nullcontext(None)`` when training stays here."""
+        if self.n_workers <= 1 or self.parts is None:
+            return nullcontext(None)
+        cfg, model, meter, parts = self.cfg, self.model, self.energy_meter, self.parts
+        x, y = self.data.x_train, self.data.y_train
+
+        def make(device: int, record: RecordSettings | None) -> Any:
+            return make_trainer(cfg, model, x, y, record, parts[device])
+
+        def train(
+            trainer: Any, record: RecordSettings | None, device: int, w: np.ndarray, t: int
+        ) -> Trained:
+            return train_device(cfg, trainer, record, meter, device, w, t)
+
+        lock = getattr(self.rundir, "_lock_fd", None)
+        return TrainingPool(self.n_workers, make, train, threads=cfg.torch_threads,
+                            close_fds=() if lock is None else (lock,))
+
     def run(self, start_round: int = 0) -> dict[str, Any]:
         """Run rounds ``start_round .. rounds-1``; returns the summary.
 
@@ -232,14 +339,22 @@ class Experiment:
         # stop_at_loss: the training losses committed so far (a resumed run that had already
         # reached the target completes without running another round).
         losses: list[float] = []
+        self._losses = losses
         if cfg.stop_at_loss is not None and start_round > 0:
-            losses = [m.get("train_loss", float("nan")) for m in self.rundir.metrics()]
+            losses += [m.get("train_loss", float("nan")) for m in self.rundir.metrics()]
             hit = uploads_to_target(losses, cfg.stop_at_loss, cfg.loss_target_window)
             if hit is not None:
                 reason = self._target_reason(hit - 1)
                 start_round = cfg.rounds
         try:
-            with StopSignals() as stop, self._open_link(record_dir) as link:
+            # The pool first: its workers fork before signal handlers, link processes and
+            # threads exist, and it is closed (workers reaped) after the link.
+            with (
+                self._training_pool() as pool,
+                StopSignals() as stop,
+                self._open_link(record_dir) as link,
+            ):
+                self._pool = pool
                 for t in range(start_round, cfg.rounds):
                     stop.check()
                     line = self._round(t, link, stop)
@@ -260,8 +375,7 @@ class Experiment:
                     if cfg.stop_at_loss is not None:
                         # After the commit: the round that reached the target is kept.
                         losses.append(line["train_loss"])
-                        window = cfg.loss_target_window
-                        if smoothed_losses(losses[-window:], window)[-1] <= cfg.stop_at_loss:
+                        if self._reaches_target(losses):
                             reason = self._target_reason(t)
                             break
         except KeyboardInterrupt:
@@ -274,6 +388,7 @@ class Experiment:
             status, reason = "failed", f"{type(exc).__name__}: {exc}"
             (self.rundir.path / "error.log").write_text(traceback.format_exc())
         finally:
+            self._pool = None
             if bar is not None:
                 bar.close()
             summary = self._summary(status, reason, time.perf_counter() - t_start)
@@ -289,6 +404,15 @@ class Experiment:
         ``usrp`` receiver)."""
         return make_link(self.cfg, self.hw, record_dir, log_dir=self.rundir.path)
 
+    def _reaches_target(self, losses: list[float]) -> bool:
+        """Whether the training losses ``losses`` (one per round, the last one the newest)
+        reach ``stop_at_loss`` (trailing mean over ``loss_target_window`` rounds)."""
+        cfg = self.cfg
+        if cfg.stop_at_loss is None or not losses:
+            return False
+        window = cfg.loss_target_window
+        return bool(smoothed_losses(losses[-window:], window)[-1] <= cfg.stop_at_loss)
+
     def _target_reason(self, t: int) -> str:
         """The summary's reason of a run ended by ``stop_at_loss`` at round ``t``."""
         cfg = self.cfg
@@ -302,9 +426,13 @@ class Experiment:
         if "test_accuracy" in line:
             self._last_accuracy = line["test_accuracy"]
         fields["acc"] = f"{getattr(self, '_last_accuracy', float('nan')):.3f}"
+        if "subset_accuracy" in line:
+            fields["acc_subset"] = f"{line['subset_accuracy']:.3f}"
         if self.book is not None:
-            spent = max(self.book.enforced_epsilon(i) for i in range(self.cfg.devices))
-            fields["eps_max"] = f"{spent:.3g}"
+            # Epsilon only grows with uploads: the running maximum needs this round's only.
+            sent = [d["device"] for d in line["devices"] if d.get("transmitted")]
+            self._eps_max = max([self._eps_max, *map(self.book.enforced_epsilon, sent)])
+            fields["eps_max"] = f"{self._eps_max:.3g}"
         return fields
 
     def _event(self, i: int, t: int, state: ChannelState | None) -> PrivacyEvent:
@@ -318,23 +446,37 @@ class Experiment:
     def _gate(
         self, t: int, link: Link, skip: set[int]
     ) -> tuple[list[PrivacyEvent | None], list[np.random.Generator]]:
-        """Per device: the gated event of its upload in round ``t`` (``None``: it may not
-        upload), and its channel generator. Devices in ``skip`` already uploaded."""
+        """Per device (lists over every device): the gated event of its upload in round
+        ``t`` (``None``: it may not upload), and its channel generator. Devices in ``skip``
+        already uploaded or are not asked. See :meth:`_gate_devices`."""
         cfg = self.cfg
-        gated_events: list[PrivacyEvent | None] = []
-        rngs = []
-        for i, up in enumerate(self.uplinks):
+        asked = [i for i in range(cfg.devices) if i not in skip]
+        events, probed = self._gate_devices(t, link, asked)
+        rngs = [
+            probed[i] if i in probed else experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
+            for i in range(cfg.devices)
+        ]
+        return [events.get(i) for i in range(cfg.devices)], rngs
+
+    def _gate_devices(
+        self, t: int, link: Link, devices: list[int]
+    ) -> tuple[dict[int, PrivacyEvent | None], dict[int, np.random.Generator]]:
+        """For each of ``devices``: the gated event of its upload in round ``t`` (``None``:
+        it may not upload) and its channel generator (the probe drew from it; the
+        transmission continues it). Decided before any of the round's training."""
+        cfg = self.cfg
+        gated_events: dict[int, PrivacyEvent | None] = {}
+        rngs: dict[int, np.random.Generator] = {}
+        for i in devices:
+            up = self.uplinks[i]
             ch_rng = experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
-            rngs.append(ch_rng)
-            if i in skip:
-                gated_events.append(None)
-                continue
+            rngs[i] = ch_rng
             state = link.probe(device=i, round_index=t, n_symbols=n_symbols_for(up.l), rng=ch_rng)
             # Only a link whose reception reports exactly the probed state may have the
             # budget checked against it; otherwise assume no channel-noise credit.
             gated = self._event(i, t, state if link.exact_state else None)
             ok = self.book is None or self.book.allows(gated)
-            gated_events.append(gated if ok else None)
+            gated_events[i] = gated if ok else None
         return gated_events, rngs
 
     def _round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
@@ -343,27 +485,33 @@ class Experiment:
         t0 = time.perf_counter()
         kept = self.rundir.load_inflight(t)  # uploads of this round before an interruption
         selected = self.selected_devices(t)
-        unselected = set(range(cfg.devices)) - selected
-        gated, ch_rngs = timer.timed("gate", lambda: self._gate(t, link, set(kept) | unselected))
-        if not kept and all(gated[i] is None for i in selected):
+        asked = sorted(i for i in selected if i not in kept)
+        gated, ch_rngs = timer.timed("gate", lambda: self._gate_devices(t, link, asked))
+        if not kept and all(gated[i] is None for i in asked):
             return None
         decoded: list[np.ndarray] = []
         losses: list[float] = []
         per_device: list[dict[str, Any]] = []
         secagg: dict[int, np.ndarray] = {}
-        for i in range(cfg.devices):
+        # Every gated device trains (in worker processes when there are some); the results
+        # come back in device order, and each is encoded and sent before the next is taken.
+        trained = self._local_training(t, [i for i in asked if gated[i] is not None], stop)
+        for i in sorted({*asked, *kept}):
             if i in kept:
                 vec, info = kept[i]
                 tally({**info, "resumed": True}, vec, decoded, losses, per_device)
-                continue
-            if i in unselected:
-                per_device.append({"device": i, "transmitted": False, "skipped": "not selected"})
                 continue
             event = gated[i]
             if event is None:
                 per_device.append({"device": i, "transmitted": False})
                 continue
-            local = self.workers[i].update(self.w, t, timer)
+            if self._pool is None:
+                result = next(trained)
+            else:  # the time this process waited for the workers
+                result = timer.timed("train_wait", lambda: next(trained))
+            assert result.device == i, (result.device, i)
+            timer.add("train", result.seconds)
+            local = self._device(i).encode(result, timer)
             if np.isfinite(local.train_loss):
                 losses.append(local.train_loss)
             stop.check()  # a requested stop never lets another upload go on air
@@ -376,26 +524,55 @@ class Experiment:
             with stop.critical():
                 info, g_hat = self._transmit(t, i, event, local, link, ch_rngs[i], timer)
                 info["train_loss"] = local.train_loss
-                self.rundir.save_inflight(t, i, g_hat, info)
+                timer.timed("keep", partial(self.rundir.save_inflight, t, i, g_hat, info))
                 fault_point("after_inflight")
             if g_hat is not None:
                 decoded.append(g_hat)
             per_device.append(info)
         if secagg:
             decoded.append(timer.timed("secagg", lambda: secure_sum(secagg, t)))
-        n_avg = len(selected) if cfg.scheme in SAMPLED_SCHEMES else cfg.devices
-        return self._close_round(t, decoded, losses, per_device, timer, t0, n_avg=n_avg)
+        line = self._close_round(t, decoded, losses, per_device, timer, t0, n_avg=len(selected))
+        if len(selected) < cfg.devices:
+            # Entries for the devices asked only: the line does not grow with the population.
+            line["selected"] = len(selected)
+            line["population"] = cfg.devices
+        return line
+
+    @property
+    def pool_size(self) -> int:
+        """Worker processes training this round (1: training in this process)."""
+        return 1 if self._pool is None else self._pool.size
+
+    def _local_training(self, t: int, devices: list[int], stop: StopSignals) -> Iterator[Trained]:
+        """Round ``t``'s training of ``devices`` from the global model, in their order: in
+        worker processes (all dispatched at once), or here, one when asked for (so that a
+        stop request is seen between a device's training and its transmission)."""
+        if self._pool is not None:
+            if not devices:
+                return
+            tasks = [(i, self.record[i] if self.record else None) for i in devices]
+            yield from self._pool.train(self.w, t, tasks, on_wait=stop.check)
+            return
+        for i in devices:
+            yield self._device(i).train(self.w, t)
+
+    def _device(self, i: int) -> DeviceWorker:
+        """Device ``i``'s worker, made when first asked (its data are index rows into the
+        shared training set; nothing is copied)."""
+        worker = self.device_workers.get(i)
+        if worker is None:
+            assert self.parts is not None, "a lab aggregator trains no device"
+            worker = DeviceWorker(
+                self.cfg, self.model, i, self.data.x_train, self.data.y_train, self.uplinks[i],
+                self.record[i] if self.record else None, self.run_secret, self.energy_meter,
+                index=self.parts[i],
+            )
+            self.device_workers[i] = worker
+        return worker
 
     def selected_devices(self, t: int) -> set[int]:
-        """Devices asked to upload in round ``t``: every device, or for 004 the ``b`` next in
-        round robin, for 002 ``r`` drawn with the OS CSPRNG (``clients_per_round``)."""
-        cfg = self.cfg
-        n, k = cfg.devices, cfg.clients_per_round
-        if k is None or k >= n:
-            return set(range(n))
-        if cfg.scheme == "fedsgd-dpc":
-            return {(t * k + j) % n for j in range(k)}
-        return set(secrets.SystemRandom().sample(range(n), k))
+        """Devices asked to upload in round ``t`` (:func:`round_devices`)."""
+        return round_devices(self.cfg, t)
 
     def _masked_upload(
         self, t: int, i: int, gated: PrivacyEvent, local: LocalUpload
@@ -429,32 +606,60 @@ class Experiment:
         n_avg: int | None = None,
     ) -> dict[str, Any]:
         """Aggregate round ``t``'s decoded differentials, evaluate, and build its metrics
-        line (``per_device``: one entry per device, in device order). ``n_avg``: the number
-        the sum is divided by (default every device, 003 eq. 14; the devices asked, for the
-        schemes that sample devices)."""
+        line (``per_device``: one entry per device asked, in device order). ``n_avg``: the
+        number the sum is divided by (default every device, 003 eq. 14, or the
+        ``sample_devices`` asked; the devices asked, for the schemes that sample devices)."""
         cfg = self.cfg
-        over = cfg.devices if n_avg is None else max(1, n_avg)
+        default = cfg.sample_devices if cfg.sample_devices is not None else cfg.devices
+        over = default if n_avg is None else max(1, n_avg)
         self.w = timer.timed(
             "aggregate", lambda: global_update(self.w, average(decoded, over), cfg.lr)
         )
         lost = [d["device"] for d in per_device if d.get("lost")]
+        train_loss = float(np.mean(losses)) if losses else float("nan")
         line: dict[str, Any] = {
             "round": t,
-            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+            "train_loss": train_loss,
             "uploads": len(decoded),
             "lost_uploads": len(lost),
         }
-        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds:
-            ev = timer.timed(
-                "eval",
-                lambda: evaluate(self.model, self.w, self.data.x_test, self.data.y_test),
-            )
-            line["test_accuracy"] = ev.accuracy
-            line["test_loss"] = ev.loss
+        line |= self._evaluations(t, train_loss, timer)
         line["devices"] = per_device
         line["wall_s"] = {k: round(v, 6) for k, v in timer.totals.items()}
         line["wall_s"]["round"] = round(time.perf_counter() - t0, 6)
         return line
+
+    def _evaluations(self, t: int, train_loss: float, timer: StageTimer) -> dict[str, float]:
+        """Round ``t``'s evaluations of the new global model: ``subset_accuracy`` and
+        ``subset_loss`` on the fixed subset every round (``eval_subset``), and
+        ``test_accuracy`` and ``test_loss`` on the full (capped) test set every
+        ``eval_every`` rounds, in the last round and in the round that reaches
+        ``stop_at_loss`` (so a run's final accuracy is always a full-set one). A round with
+        both takes the subset's figures from the full pass."""
+        cfg = self.cfg
+        full = (
+            (t + 1) % cfg.eval_every == 0
+            or t + 1 == cfg.rounds
+            or self._reaches_target([*self._losses, train_loss])
+        )
+        out: dict[str, float] = {}
+        sub: Evaluation | None = None
+        if full:
+            data = self.data
+            scores = timer.timed(
+                "eval", lambda: sample_scores(self.model, self.w, data.x_test, data.y_test)
+            )
+            ev = scores.summary()
+            out["test_accuracy"], out["test_loss"] = ev.accuracy, ev.loss
+            if self.eval_index is not None:
+                sub = scores.summary(self.eval_index)
+        elif self.eval_index is not None:
+            sub = timer.timed(
+                "eval_subset", lambda: evaluate(self.model, self.w, self._x_sub, self._y_sub)
+            )
+        if sub is not None:
+            out["subset_accuracy"], out["subset_loss"] = sub.accuracy, sub.loss
+        return out
 
     def _transmit(
         self,
@@ -573,8 +778,10 @@ class Experiment:
                 energy[dev["device"]] += dev.get("energy_comm_j", 0.0)
                 energy_comp[dev["device"]] += dev.get("energy_comp_j", 0.0)
                 lost[dev["device"]] += int(bool(dev.get("lost")))
+        listed = self._reported_devices(metrics)
         devices = []
-        for i, up in enumerate(self.uplinks):
+        for i in listed:
+            up = self.uplinks[i]
             entry: dict[str, Any] = {
                 "device": i,
                 "mechanism": up.mechanism,
@@ -620,7 +827,17 @@ class Experiment:
             "rounds_planned": self.cfg.rounds,
             "d": self.d,
             "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+            "final_accuracy_round": evals[-1]["round"] if evals else None,
             "best_accuracy": max((m["test_accuracy"] for m in evals), default=None),
+            "final_subset_accuracy": next(
+                (m["subset_accuracy"] for m in reversed(metrics) if "subset_accuracy" in m), None
+            ),
+            "evaluation": {
+                "test_samples": len(self.data.y_test),
+                "subset_samples": None if self.eval_index is None else len(self.eval_index),
+                "eval_every": self.cfg.eval_every,
+            },
+            "workers": self.n_workers,
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
             "lost_uploads": int(lost.sum()),
             "lost_uploads_per_device": lost.tolist(),
@@ -637,9 +854,27 @@ class Experiment:
                 "enforced_accounting": self.cfg.privacy.enforced if self.unit else None,
                 "trust": trust_statement(self.cfg, self.unit),
                 "devices": devices,
+                **(
+                    {"population": self.cfg.devices, "devices_never_asked":
+                     self.cfg.devices - len(listed)}
+                    if self.cfg.sample_devices is not None
+                    else {}
+                ),
             },
             "wall_time_s": round(wall, 3),
         }
+
+
+    def _reported_devices(self, metrics: list[dict[str, Any]]) -> list[int]:
+        """Devices the summary lists: every device, or with ``sample_devices`` those asked
+        in a committed round or holding a ledger record (so every upload's epsilon is
+        reported, and the summary does not grow with devices never asked)."""
+        if self.cfg.sample_devices is None:
+            return list(range(self.cfg.devices))
+        seen = {dev["device"] for m in metrics for dev in m.get("devices", [])}
+        if self.book is not None:
+            seen |= {event.device for event in self.book.ledger.events()}
+        return sorted(seen)
 
 
 def loss_target_energy(
@@ -698,6 +933,16 @@ def _write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -
         "privacy_noise_source": (
             "artificial privacy noise and secret Poisson batch sampling: OS CSPRNG (never "
             "the experiment seed)"
+        ),
+        "device_sampling_source": (
+            "experiment seed (stream DEVICE_SAMPLING): reproducible, no amplification by "
+            "device sampling credited"
+            if cfg.sample_devices is not None
+            else "OS CSPRNG (zcdp-secagg's r of n), no amplification by device sampling credited"
+            if cfg.clients_per_round is not None and cfg.scheme == "zcdp-secagg"
+            else "round robin (fedsgd-dpc's b of N)"
+            if cfg.clients_per_round is not None
+            else "none: every device every round"
         ),
         "channel_noise_source": (
             "physical receiver noise"

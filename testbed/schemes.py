@@ -20,6 +20,7 @@ rounds at the mean channel gain, in the enforcing accounting.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,8 +173,11 @@ def device_epsilon(
     ).epsilon
 
 
-def resolve_uplinks(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[DeviceUplink]:
-    """Per-device uplink settings of a run, validated against power and privacy targets.
+def resolve_uplinks(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, devices: Sequence[int] | None = None
+) -> list[DeviceUplink]:
+    """Per-device uplink settings of a run, validated against power and privacy targets
+    (``devices``: only these devices, in this order; default every device).
 
     Raises
     ------
@@ -182,20 +186,22 @@ def resolve_uplinks(cfg: ExperimentConfig, hw: HardwareConfig, d: int) -> list[D
         epsilon target.
     """
     spec = SCHEMES[cfg.scheme]
+    ids = range(cfg.devices) if devices is None else devices
     if cfg.plan is not None:
-        return uplinks_from_plan(cfg, hw, d)
+        planned = uplinks_from_plan(cfg, hw, d)
+        return [planned[i] for i in ids]
     l = kept_coordinates(cfg, d)
     levels = quant_levels(cfg)
     if spec.noise == "none":
         return [
             DeviceUplink("none", 0.0, cfg.power.alpha, d, None, 0.0, "norm", None)
-            for _ in range(cfg.devices)
+            for _ in ids
         ]
     trusted = cfg.privacy.trusted_channel_noise if spec.credit_channel else 0.0
     scale = "fixed" if spec.noise == "after" else "norm"
     p_units = cfg.power.p_max_w / hw.tx_power_ref_w
     out = []
-    for i in range(cfg.devices):
+    for i in ids:
         sigma = cfg.privacy.sigma
         alpha = cfg.power.alpha
         if sigma is None:

@@ -24,6 +24,7 @@ class Stream(IntEnum):
     CHANNEL = 4
     QUANTIZER = 5
     EVAL = 6
+    DEVICE_SAMPLING = 7
 
 
 def experiment_generator(

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_run_directory_contents(tmp_path: Path, tiny_overrides: list[str]) -> None:
-    cfg = load_experiment(None, [*tiny_overrides, "fading=rayleigh", "snr_db=15"])
+    cfg = load_experiment(None, [*tiny_overrides, "fading=rayleigh", "snr_db=15", "eval_every=1"])
     summary = run_experiment(cfg, tmp_path / "run")
     run = tmp_path / "run"
     for name in ("config.yaml", "hw_config.yaml", "meta.json", "metrics.jsonl", "summary.json"):

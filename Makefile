@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 .PHONY: run test setup system lint bench clean
 
 run: setup
-	$(VENV)/bin/testbed run $(ARGS)
+	$(VENV)/bin/testbed run --set workers=auto $(ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,5 +71,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     if eps is not None:
         req.epsilons = eps
     req.extra = extra
-    reproduce(req)
+    try:
+        reproduce(req)
+    except KeyboardInterrupt:
+        print(f"\ntestbed reproduce: interrupted; the finished runs are kept in {out}: run the "
+              "same command again to continue", file=sys.stderr)
+        return 130
     return 0

@@ -22,7 +22,7 @@ from testbed.reproduce.cases import (
     dataset_overrides,
 )
 from testbed.reproduce.plans import make_plan
-from testbed.sweep.driver import run_sweep
+from testbed.sweep.driver import SweepResult, run_sweep
 from testbed.sweep.spec import parse_sweep
 
 
@@ -48,6 +48,14 @@ class RunCell:
     row: dict[str, Any]
     run_dir: Path
     plan: dict[str, Any] | None = None
+
+
+def _checked(res: SweepResult) -> SweepResult:
+    """Stop the whole reproduction when a sweep was interrupted (Ctrl-C, SIGTERM): its
+    cells are resumed, and the finished ones skipped, when the command is run again."""
+    if res.interrupted:
+        raise KeyboardInterrupt
+    return res
 
 
 def _eps_name(eps: float) -> str:
@@ -114,7 +122,7 @@ def run_table1(
                      "grid": {"privacy.epsilon": list(epsilons)}},
                     BASE_CONFIG.parent,
                 )
-                res = run_sweep(spec, sweep_out, address=address, log=log)
+                res = _checked(run_sweep(spec, sweep_out, address=address, log=log))
                 for row in res.rows:
                     cells.append(RunCell(ds, case.scheme, float(row["privacy.epsilon"]), row,
                                          Path(row["run_dir"])))
@@ -142,7 +150,9 @@ def run_table1(
                      "grid": {"seed": [int(fixed.get("seed", 0))]}},
                     BASE_CONFIG.parent,
                 )
-                res = run_sweep(spec, sweep_out / _eps_name(eps), address=address, log=log)
+                res = _checked(
+                    run_sweep(spec, sweep_out / _eps_name(eps), address=address, log=log)
+                )
                 row = res.rows[0]
                 cells.append(RunCell(ds, case.scheme, eps, row, Path(row["run_dir"]),
                                      plan=plan_json))

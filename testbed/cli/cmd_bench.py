@@ -113,7 +113,7 @@ def run_script(script: Path, *, full: bool, timeout_s: float, limit: str = "--ti
     except subprocess.TimeoutExpired:
         _stop_group(proc)
         return Outcome(name, "timed out", time.perf_counter() - t0,
-                       f"stopped after {timeout_s:g} s ({limit})")
+                       f"stopped after {round(timeout_s, 1):g} s ({limit})")
     except BaseException:
         _stop_group(proc)
         raise

@@ -33,7 +33,8 @@ from aggregator.privacy import (
     UploadEvent,
 )
 from aggregator.privacy.events import EventError
-from aggregator.privacy.ledger import EVENT_TYPES, intents_path
+from aggregator.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
+from aggregator.privacy.ledger_parse import gc_paused
 from aggregator.privacy.record_accountant import RECORD_ACCOUNTANTS, RecordAccountant
 from aggregator.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.rundir import append_jsonl, atomic_write_bytes, read_jsonl
@@ -45,6 +46,19 @@ EVENT_CLASSES: dict[str, tuple[type, ...]] = {
     "device": (UploadEvent,),
     "record": (RecordEvent, LaplaceRecordEvent),
 }
+
+
+def make_accountants(unit: str, delta: float, relation: str = "add-remove") -> dict[str, Any]:
+    """The accountants a book keeps side by side for ``unit``, by accounting name.
+
+    ``"device"``: :class:`PrivacyAccountant` ``paper`` and ``strict``; ``"record"``:
+    :class:`RecordAccountant` ``rdp`` and ``pld`` under ``relation``.
+    """
+    if unit not in ACCOUNTINGS:
+        raise ValueError(f"unit: got {unit!r}; allowed {tuple(ACCOUNTINGS)}")
+    if unit == "device":
+        return {name: PrivacyAccountant(mode=name, delta=delta) for name in ACCOUNTINGS[unit]}
+    return {name: RecordAccountant(name, delta, relation=relation) for name in ACCOUNTINGS[unit]}
 
 
 class PrivacyBook:
@@ -93,22 +107,25 @@ class PrivacyBook:
             pinned |= {"unit": unit, "relation": relation}
         self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
         self.intents_path = intents_path(ledger_path)
-        self._recover_intents()
-        self._nonces = {e.nonce for e in self.ledger.entries() if e.nonce is not None}
-        self.accountants: dict[str, Any] = {}
-        for name in ACCOUNTINGS[unit]:
-            if unit == "device":
-                self.accountants[name] = PrivacyAccountant(mode=name, delta=delta)
-            else:
-                self.accountants[name] = RecordAccountant(name, delta, relation=relation)
-        for event in self.ledger.events():
-            if not isinstance(event, self.event_class):
-                names = " or ".join(c.__name__ for c in self.event_class)
-                raise LedgerError(
-                    f"{ledger_path}: holds a {type(event).__name__}, but this run accounts "
-                    f"at the {unit} level ({names})"
-                )
-            self._compose(event)
+        # One read of the ledger: Ledger.open has checked every line; recovery appends.
+        entries = self.ledger.take_loaded()
+        entries += self._recover_intents({entry.nonce for entry in entries})
+        self._nonces = {e.nonce for e in entries if e.nonce is not None}
+        self.accountants: dict[str, Any] = make_accountants(unit, delta, relation)
+        event_class = self.event_class
+        compose = [acc.add for acc in self.accountants.values()]
+        with gc_paused():
+            for entry in entries:
+                event = entry.event
+                if not isinstance(event, event_class):
+                    names = " or ".join(c.__name__ for c in event_class)
+                    raise LedgerError(
+                        f"{ledger_path}: holds a {type(event).__name__}, but this run "
+                        f"accounts at the {unit} level ({names})"
+                    )
+                for add in compose:
+                    add(event)
+        del entries
         self.enforce = enforce
         self.delta = delta
         self.guard = BudgetGuard(self.accountants[enforce], target)
@@ -121,10 +138,12 @@ class PrivacyBook:
         """Whether recording ``event`` keeps its device within the target."""
         return self.guard.allows(event.device, event)
 
-    def _recover_intents(self) -> None:
-        """Record every intent whose nonce has no ledger entry (it may have gone on air)."""
-        recorded = {entry.nonce for entry in self.ledger.entries()}
+    def _recover_intents(self, recorded: set[str | None]) -> list[LedgerEntry]:
+        """Record every intent whose nonce is not among ``recorded`` (the ledger's nonces):
+        it may have gone on air. Returns the entries appended, in order."""
+        recorded = set(recorded)
         self.recovered: list[Any] = []
+        appended: list[LedgerEntry] = []
         lines = read_jsonl(self.intents_path)
         cancelled = {
             d.get("nonce") for d in lines if isinstance(d, dict) and d.get("cancelled") is True
@@ -150,9 +169,11 @@ class PrivacyBook:
             self.ledger.append(event, nonce)
             recorded.add(nonce)
             self.recovered.append(event)
+            appended.append(LedgerEntry(event, nonce))
         if self.intents_path.exists():
             # Every intent now has its record: start the journal afresh (atomic).
             atomic_write_bytes(self.intents_path, b"")
+        return appended
 
     def begin(self, event: Any, nonce: str | None = None) -> str:
         """Durably note that ``event``'s device is about to transmit (before the air).

@@ -3,12 +3,19 @@
 Each upload's RDP is ``a * c_k`` (every mechanism here is Gaussian), with ``c_k`` computed
 from the upload's own event, i.e. with that round's realized (credited) channel gain: fading
 is accounted exactly, not in expectation. Composition over a device's uploads sums the
-``c_k`` (``math.fsum`` of the stored list, so :meth:`PrivacyAccountant.epsilon_if` returns
-bit-for-bit what :meth:`PrivacyAccountant.epsilon` returns after :meth:`~PrivacyAccountant.add`).
+``c_k``: the value is ``math.fsum`` of the device's coefficients, kept as an exact running
+sum (:class:`~aggregator.privacy.exact_sum.ExactSum`, bit-identical to ``fsum`` of the list
+at O(1) per upload), so :meth:`PrivacyAccountant.epsilon_if` returns bit-for-bit what
+:meth:`PrivacyAccountant.epsilon` returns after :meth:`~PrivacyAccountant.add`.
+
+Epsilon is a pure function of ``(composed coefficient, delta, conversion)``; it is computed
+once per distinct argument (:func:`cached_gaussian_epsilon`), so devices with identical
+histories, and ``epsilon`` after an ``epsilon_if`` of the same upload, cost a lookup.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aggregator.privacy.events import CLIP_MODES, UploadEvent
+from aggregator.privacy.exact_sum import ExactSum
 from aggregator.privacy.paper import paper_coefficient
 from aggregator.privacy.rdp import CONVERSIONS, gaussian_epsilon
 from aggregator.privacy.strict import strict_coefficient
@@ -27,6 +35,7 @@ _COEFFICIENT: dict[str, Callable[[UploadEvent], float]] = {
     "strict": strict_coefficient,
 }
 _STATE_VERSION = 1
+_EPSILON_CACHE_SIZE = 65536
 
 
 @dataclass(frozen=True)
@@ -58,10 +67,32 @@ class EpsilonResult:
 
 
 def upload_coefficient(event: UploadEvent, *, mode: str) -> float:
-    """Per-upload RDP coefficient of ``event`` under accounting ``mode``."""
+    """Per-upload RDP coefficient of ``event`` under accounting ``mode``.
+
+    Ledger copies of one event compute it once (:meth:`~aggregator.privacy.events.JsonEvent.
+    derived`: it depends on the event's fields other than round and device only).
+    """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} not in {MODES}")
-    return _COEFFICIENT[mode](event)
+    return event.derived(("rdp-coefficient", mode), _COEFFICIENT[mode])
+
+
+@functools.lru_cache(maxsize=_EPSILON_CACHE_SIZE)
+def _cached_gaussian_epsilon(coefficient: float, delta: float, conversion: str,
+                             ) -> tuple[float, float]:
+    return gaussian_epsilon(coefficient=coefficient, delta=delta, conversion=conversion)
+
+
+def cached_gaussian_epsilon(
+    *, coefficient: float, delta: float, conversion: str = "standard"
+) -> tuple[float, float]:
+    """:func:`~aggregator.privacy.rdp.gaussian_epsilon`, computed once per exact argument.
+
+    The function is deterministic, so a cached value is the value; keys are the exact floats
+    (``==``; ``0.0`` and ``-0.0`` give the same epsilon). An ``OrderAtEdgeWarning`` is issued
+    when a value is computed, not again when it is looked up.
+    """
+    return _cached_gaussian_epsilon(float(coefficient), float(delta), conversion)
 
 
 class PrivacyAccountant:
@@ -92,7 +123,8 @@ class PrivacyAccountant:
         self._delta = float(delta)
         self._conversion = conversion
         self._events: dict[int, list[UploadEvent]] = {}
-        self._coefficients: dict[int, list[float]] = {}
+        self._sums: dict[int, ExactSum] = {}
+        self._last: tuple[UploadEvent, float] | None = None  # (event, its coefficient)
 
     @property
     def mode(self) -> str:
@@ -121,24 +153,45 @@ class PrivacyAccountant:
         """Record one upload."""
         if not isinstance(event, UploadEvent):
             raise TypeError(f"add: expected an UploadEvent, got {type(event).__name__}")
-        coefficient = upload_coefficient(event, mode=self._mode)
-        self._events.setdefault(event.device, []).append(event)
-        self._coefficients.setdefault(event.device, []).append(coefficient)
+        coefficient = self._coefficient(event)
+        device = event.device
+        events = self._events.get(device)
+        if events is None:
+            events = self._events[device] = []
+            self._sums[device] = ExactSum()
+        self._sums[device].add(coefficient)
+        events.append(event)
 
     def epsilon(self, device: int) -> EpsilonResult:
         """The device's epsilon over all uploads recorded so far."""
-        return self._result(self._coefficients.get(device, []))
+        sums = self._sums.get(device)
+        if sums is None:
+            return self._result(0.0, 0)
+        return self._result(sums.value(), len(sums))
 
     def epsilon_if(self, device: int, event: UploadEvent) -> EpsilonResult:
         """What :meth:`epsilon` would return after :meth:`add` of ``event`` (state unchanged)."""
         if event.device != device:
             raise ValueError(f"epsilon_if: event.device={event.device} but device={device}")
-        extra = upload_coefficient(event, mode=self._mode)
-        return self._result([*self._coefficients.get(device, []), extra])
+        extra = self._coefficient(event)
+        sums = self._sums.get(device)
+        if sums is None:
+            return self._result(ExactSum().value_with(extra), 1)
+        return self._result(sums.value_with(extra), len(sums) + 1)
 
-    def _result(self, coefficients: list[float]) -> EpsilonResult:
-        total = math.inf if any(math.isinf(c) for c in coefficients) else math.fsum(coefficients)
-        eps, order = gaussian_epsilon(
+    def _coefficient(self, event: UploadEvent) -> float:
+        """The event's coefficient, kept from the last call for the same event object (a
+        what-if then the upload)."""
+        last = self._last
+        if last is not None and last[0] is event:
+            return last[1]
+        coefficient = upload_coefficient(event, mode=self._mode)
+        self._last = (event, coefficient)
+        return coefficient
+
+    def _result(self, total: float, uploads: int) -> EpsilonResult:
+        """The result for composed coefficient ``total`` (``fsum`` of ``uploads`` values)."""
+        eps, order = cached_gaussian_epsilon(
             coefficient=total, delta=self._delta, conversion=self._conversion
         )
         return EpsilonResult(
@@ -146,7 +199,7 @@ class PrivacyAccountant:
             order=order,
             mode=self._mode,
             conversion=self._conversion,
-            uploads=len(coefficients),
+            uploads=uploads,
             rdp_coefficient=total,
         )
 
@@ -176,8 +229,7 @@ class PrivacyAccountant:
                     f"has {key}={mine!r}"
                 )
         events = [UploadEvent.from_dict(e) for e in state.get("events", [])]
-        self._events = {}
-        self._coefficients = {}
+        self._events, self._sums, self._last = {}, {}, None
         for event in events:
             self.add(event)
 

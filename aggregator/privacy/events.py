@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -36,6 +37,11 @@ CLIP_MODES = ("coordinate", "norm", "none")
 #: (003 eq. 7); ``"fixed"`` = the public bound ``Z sqrt(d/l)`` (coordinate clipping) or
 #: ``Z d / l`` (norm clipping) on that norm, so nothing data-dependent is sent in the clear.
 QUANTIZER_SCALES = ("norm", "fixed")
+
+
+#: Instance attribute holding the shared store of :meth:`JsonEvent.derived` values.
+_DERIVED = "_derived"
+T = TypeVar("T")
 
 
 class EventError(ValueError):
@@ -87,6 +93,51 @@ class JsonEvent:
         except json.JSONDecodeError as exc:
             raise EventError(f"{cls.__name__}: not JSON: {exc}") from exc
         return cls.from_dict(data)
+
+    def derived(self, token: Hashable, compute: Callable[[Any], T]) -> T:
+        """``compute(self)``: a value an accountant derives from this event's fields *other
+        than* ``round`` and ``device`` (a coefficient, a composition key).
+
+        Events made by :meth:`for_round_and_device` (a ledger read) share one store with the
+        event they were copied from, so the value is computed once for all of them (they
+        differ only in round and device, and events are frozen, so it cannot go stale). Any
+        other event computes it on each call: a store per event would cost more memory than
+        the computation costs time.
+        """
+        store = self.__dict__.get(_DERIVED)
+        if store is None:
+            return compute(self)
+        try:
+            return store[token]  # type: ignore[no-any-return]
+        except KeyError:
+            value = store[token] = compute(self)
+            return value
+
+    def for_round_and_device(self: E, round_index: int, device: int) -> E:
+        """This event with another ``round`` and ``device``, every other field (and the
+        store of :meth:`derived` values) shared, without re-running the other fields' checks.
+
+        For reading many ledger lines that differ only in those two values (the ledger
+        checks one of them in full and copies it for the rest).
+
+        Raises
+        ------
+        EventError
+            If ``round_index`` or ``device`` is not an integer ``>= 0``.
+        """
+        if type(round_index) is not int or round_index < 0:
+            raise EventError(f"{type(self).__name__}.round={round_index!r} must be an integer >= 0")
+        if type(device) is not int or device < 0:
+            raise EventError(f"{type(self).__name__}.device={device!r} must be an integer >= 0")
+        state = self.__dict__
+        if _DERIVED not in state:
+            state[_DERIVED] = {}  # created here so that every copy shares it
+        out = object.__new__(type(self))
+        copy = out.__dict__
+        copy.update(state)
+        copy["round"] = round_index
+        copy["device"] = device
+        return out
 
 
 E = TypeVar("E", bound=JsonEvent)

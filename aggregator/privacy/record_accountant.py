@@ -14,10 +14,16 @@ release) composes in the same per-device state: one Laplace mechanism of paramet
 ``b = scale / (xi_1 / D)`` (``dp_accounting.LaplaceDpEvent(b)`` in the PLD engine, its exact
 RDP curve in the RDP engine), so a device's epsilon, the budget gate and the reports work
 the same for both mechanisms.
+
+At scale (docs/privacy.md §11): a device's state is a pure function of the sequence of its
+events' contribution keys, so devices with the same sequence share one state and one
+converted epsilon (:class:`~aggregator.privacy.state_trie.StateTrie`): 1,000 devices making
+the same upload cost one composition, bit for bit what each would have composed alone.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -27,9 +33,11 @@ from typing import Any
 import numpy as np
 
 from aggregator.privacy.events import EventError
+from aggregator.privacy.exact_sum import ExactSum
 from aggregator.privacy.rdp import OrderAtEdgeWarning
-from aggregator.privacy.record_compose import PldEngine, RdpEngine
+from aggregator.privacy.record_compose import ContributionKey, PldEngine, RdpEngine
 from aggregator.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
+from aggregator.privacy.state_trie import Node, StateTrie
 
 RECORD_ACCOUNTANTS = ("rdp", "pld")
 #: PLD value discretization (nats): 1e-3 is within ~1e-4 relative of 1e-4 at 10x the speed.
@@ -39,6 +47,8 @@ DEFAULT_Z_RESOLUTION = {"rdp": 0.0, "pld": 1e-3}
 _STATE_VERSION = 1
 _LAPLACE_CALIBRATION_ROUNDS = 20
 _STATE_KIND = "record-accountant"
+_NO_CHANNEL_CACHE_SIZE = 4096
+_GAUSSIAN_DP_CACHE_SIZE = 65536
 #: The record-level event types, by JSON ``type`` tag.
 RECORD_EVENT_TYPES: dict[str, type[RecordEvent] | type[LaplaceRecordEvent]] = {
     RecordEvent.TYPE: RecordEvent,
@@ -46,6 +56,7 @@ RECORD_EVENT_TYPES: dict[str, type[RecordEvent] | type[LaplaceRecordEvent]] = {
 }
 #: Any record-level event.
 AnyRecordEvent = RecordEvent | LaplaceRecordEvent
+_RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent)
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,41 @@ def _result(engine: RdpEngine | PldEngine, state: Any, delta: float, events: int
                          order_at_edge=edge)
 
 
+def _key_steps(key: Any) -> int:
+    """Steps one event of a contribution key adds (its last entry: ``steps``, or the
+    Laplace ``count``, which is 1 per event)."""
+    return int(key[-1])
+
+
+def _compute_no_channel_group(event: AnyRecordEvent) -> tuple[str, float, float]:
+    if isinstance(event, LaplaceRecordEvent):
+        return ("laplace", 1.0, event.noise_multiplier)
+    return ("sgm", event.effective_sampling_rate, event.noise_multiplier_without_channel)
+
+
+def _no_channel_group(event: AnyRecordEvent) -> tuple[str, float, float]:
+    """The event's group in :meth:`RecordAccountant.epsilon_without_channel`."""
+    return event.derived("no-channel-group", _compute_no_channel_group)
+
+
+def _compute_device_level_term(event: AnyRecordEvent) -> tuple[str, float]:
+    factor = 2.0 if event.relation == "replace-one" else 1.0
+    if isinstance(event, LaplaceRecordEvent):
+        b_dev = event.device_noise_multiplier / factor
+        return ("unbounded", math.inf) if b_dev == 0 else ("pure", 1.0 / b_dev)
+    z_dev = event.effective_noise_multiplier / (factor * event.dataset_size)
+    if z_dev == 0:
+        return ("unbounded", math.inf)
+    ratio = 1.0 / z_dev
+    return ("gaussian", event.steps * ratio * ratio)
+
+
+def _device_level_term(event: AnyRecordEvent) -> tuple[str, float]:
+    """``("gaussian", steps (D / z_eff)^2)``, ``("pure", xi_1 / s)`` or ``("unbounded",
+    inf)``: one event's part of :func:`device_level_epsilon`."""
+    return event.derived("device-level-term", _compute_device_level_term)
+
+
 class RecordAccountant:
     """Keeps each device's record-level events and answers epsilon when asked.
 
@@ -147,12 +193,22 @@ class RecordAccountant:
                  pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> None:
         self._engine = _engine(accountant, relation, z_resolution, pld_discretization)
         self._delta = _check_delta("RecordAccountant", delta)
+        engine = self._engine
+
+        def compose(state: Any, key: Any) -> Any:
+            return engine.compose(state, engine.contribution_of(key))
+
+        self._trie = StateTrie(engine.identity(), compose, _key_steps)
+        self._key_token = ("record-contribution-key", engine.z_resolution)
+        self._relation = engine.relation
         self._events: dict[int, list[AnyRecordEvent]] = {}
-        self._states: dict[int, Any] = {}
-        self._steps: dict[int, int] = {}
-        self._results: dict[int, RecordEpsilon] = {}
-        # the last what-if: (device, event, base state, new state, result)
-        self._pending: tuple[int, AnyRecordEvent, Any, Any, RecordEpsilon] | None = None
+        self._nodes: dict[int, Node] = {}
+        # figures asked for rarely (reports): computed from the history when asked, cached
+        self._device_level: dict[int, tuple[int, float]] = {}  # device -> (events, epsilon)
+        self._no_channel_results: dict[Any, RecordEpsilon] = {}
+        # the node of the last what-if, held so that add() of the same event reuses it
+        self._pending: Node | None = None
+        self._last_key: tuple[AnyRecordEvent, ContributionKey] | None = None
 
     @property
     def accountant(self) -> str:
@@ -169,6 +225,11 @@ class RecordAccountant:
         """The neighbouring relation."""
         return self._engine.relation
 
+    @property
+    def compositions(self) -> int:
+        """Compositions computed so far (shared histories are composed once)."""
+        return self._trie.composed
+
     def devices(self) -> tuple[int, ...]:
         """Devices with at least one event, sorted."""
         return tuple(sorted(self._events))
@@ -178,64 +239,69 @@ class RecordAccountant:
         return tuple(self._events.get(device, ()))
 
     def _check(self, event: AnyRecordEvent) -> None:
-        if not isinstance(event, RecordEvent | LaplaceRecordEvent):
+        if not isinstance(event, _RECORD_CLASSES):
             raise TypeError(
                 f"expected a RecordEvent or LaplaceRecordEvent, got {type(event).__name__}"
             )
-        if event.relation != self.relation:
+        if event.relation != self._relation:
             raise ValueError(
                 f"event relation {event.relation!r} differs from this accountant's "
                 f"{self.relation!r}"
             )
 
-    def _state(self, device: int) -> Any:
-        if device not in self._states:
-            self._states[device] = self._engine.identity()
-        return self._states[device]
-
-    def _contribution(self, event: AnyRecordEvent) -> Any:
+    def _compute_key(self, event: AnyRecordEvent) -> ContributionKey:
         if isinstance(event, LaplaceRecordEvent):
-            return self._engine.laplace_contribution(event.noise_multiplier, 1)
-        return self._engine.contribution(event.effective_sampling_rate,
-                                         event.effective_noise_multiplier, event.steps)
+            return self._engine.laplace_key(event.noise_multiplier, 1)
+        return self._engine.key(event.effective_sampling_rate,
+                                event.effective_noise_multiplier, event.steps)
 
-    def _project(self, device: int, event: AnyRecordEvent) -> tuple[Any, Any, RecordEpsilon]:
-        base = self._state(device)
-        pending = self._pending
-        if pending is not None and pending[0] == device and pending[1] == event \
-                and pending[2] is base:
-            return base, pending[3], pending[4]
-        new = self._engine.compose(base, self._contribution(event))
-        result = _result(self._engine, new, self._delta, len(self._events.get(device, ())) + 1,
-                         self._steps.get(device, 0) + event.steps)
-        return base, new, result
+    def _key(self, event: AnyRecordEvent) -> ContributionKey:
+        """The event's contribution key: kept from the last what-if of the same event object
+        (``epsilon_if`` then ``add``), or shared by ledger copies (``JsonEvent.derived``)."""
+        last = self._last_key
+        if last is not None and last[0] is event:
+            return last[1]
+        key = event.derived(self._key_token, self._compute_key)
+        self._last_key = (event, key)
+        return key
+
+    def _node(self, device: int) -> Node:
+        return self._nodes.get(device, self._trie.root)
+
+    def _node_result(self, node: Node) -> RecordEpsilon:
+        result = node.result
+        if result is None:
+            result = node.result = _result(self._engine, node.state, self._delta, node.events,
+                                           node.steps)
+        return result  # type: ignore[no-any-return]
 
     def add(self, event: AnyRecordEvent) -> None:
         """Record one event (``steps`` subsampled-Gaussian steps of ``event.device``, or one
         full-batch Laplace release)."""
-        self._check(event)
-        _, new, result = self._project(event.device, event)
-        self._events.setdefault(event.device, []).append(event)
-        self._states[event.device] = new
-        self._steps[event.device] = self._steps.get(event.device, 0) + event.steps
-        self._results[event.device] = result
+        if type(event) not in _RECORD_CLASSES or event.relation != self._relation:
+            self._check(event)  # raises (or accepts a subclass)
+        device = event.device
+        node = self._trie.child(self._nodes.get(device, self._trie.root), self._key(event))
+        events = self._events.get(device)
+        if events is None:
+            self._events[device] = [event]
+        else:
+            events.append(event)
+        self._nodes[device] = node
         self._pending = None
 
     def epsilon(self, device: int) -> RecordEpsilon:
         """The device's record-level epsilon over every event recorded so far."""
-        if device not in self._results:
-            self._results[device] = _result(self._engine, self._state(device), self._delta,
-                                            0, 0)
-        return self._results[device]
+        return self._node_result(self._node(device))
 
     def epsilon_if(self, device: int, event: AnyRecordEvent) -> RecordEpsilon:
         """What :meth:`epsilon` would return after :meth:`add` of ``event`` (bit for bit)."""
         self._check(event)
         if event.device != device:
             raise ValueError(f"epsilon_if: event.device={event.device} but device={device}")
-        base, new, result = self._project(device, event)
-        self._pending = (device, event, base, new, result)
-        return result
+        node = self._trie.child(self._node(device), self._key(event))
+        self._pending = node
+        return self._node_result(node)
 
     def rdp_curve(self, device: int) -> tuple[tuple[float, ...], np.ndarray]:
         """``(orders, R)``: the device's composed RDP curve (nats), ``"rdp"`` only.
@@ -244,29 +310,40 @@ class RecordAccountant:
         """
         if not isinstance(self._engine, RdpEngine):
             raise ValueError("rdp_curve: this accountant composes PLDs, not RDP curves")
-        return self._engine.orders, self._engine.curve(self._state(device)).copy()
+        return self._engine.orders, self._engine.curve(self._node(device).state).copy()
 
     def epsilon_without_channel(self, device: int) -> RecordEpsilon:
         """The same history with no channel credit (``trusted_channel_noise = 0``); Laplace
         events credit none, so they enter as they are."""
-        groups: dict[tuple[str, float, float], int] = {}
-        for e in self._events.get(device, ()):
-            if isinstance(e, LaplaceRecordEvent):
-                key = ("laplace", 1.0, e.noise_multiplier)
-            else:
-                key = ("sgm", e.effective_sampling_rate, e.noise_multiplier_without_channel)
-            groups[key] = groups.get(key, 0) + e.steps
+        counts: dict[tuple[str, float, float], int] = {}
+        for event in self._events.get(device, ()):
+            group = _no_channel_group(event)
+            counts[group] = counts.get(group, 0) + event.steps
+        groups = tuple(sorted(counts.items()))
+        node = self._node(device)
+        cache_key = (groups, node.events, node.steps)
+        result = self._no_channel_results.get(cache_key)
+        if result is not None:
+            return result
         state = self._engine.identity()
-        for (kind, q, z), steps in sorted(groups.items()):
+        for (kind, q, z), steps in groups:
             part = (self._engine.laplace_contribution(z, steps) if kind == "laplace"
                     else self._engine.contribution(q, z, steps))
             state = self._engine.compose(state, part)
-        return _result(self._engine, state, self._delta, len(self._events.get(device, ())),
-                       self._steps.get(device, 0))
+        result = _result(self._engine, state, self._delta, node.events, node.steps)
+        if len(self._no_channel_results) >= _NO_CHANNEL_CACHE_SIZE:
+            self._no_channel_results.clear()
+        self._no_channel_results[cache_key] = result
+        return result
 
     def device_epsilon(self, device: int) -> float:
         """The device-level epsilon of the same history (:func:`device_level_epsilon`)."""
-        return device_level_epsilon(self.history(device), self._delta)
+        history = self._events.get(device, ())
+        cached = self._device_level.get(device)
+        if cached is None or cached[0] != len(history):
+            cached = self._device_level[device] = (len(history),
+                                                   device_level_epsilon(history, self._delta))
+        return cached[1]
 
     def _config(self) -> dict[str, Any]:
         engine = self._engine
@@ -301,7 +378,7 @@ class RecordAccountant:
             events = [_parse_event(e) for e in state.get("events", [])]
         except EventError as exc:
             raise ValueError(f"load_state_dict: {exc}") from exc
-        self._events, self._states, self._steps, self._results = {}, {}, {}, {}
+        self._events, self._nodes, self._device_level = {}, {}, {}
         self._pending = None
         for event in events:
             self.add(event)
@@ -454,34 +531,63 @@ def device_level_epsilon(events: Iterable[AnyRecordEvent], delta: float) -> floa
     ``eps / 1e-4`` points at device-level epsilons in the thousands), added to the Gaussian
     part's epsilon at ``delta`` (basic composition of ``(e1, delta)`` and ``(e2, 0)``).
     """
+    delta = _check_delta("device_level_epsilon", delta)
+    level = DeviceLevelSum()
+    for event in events:
+        level.add(event)
+        if level.unbounded:
+            return math.inf
+    return level.epsilon(delta)
+
+
+@functools.lru_cache(maxsize=_GAUSSIAN_DP_CACHE_SIZE)
+def _gaussian_dp_epsilon(mu: float, delta: float) -> float:
+    """``dp_accounting.get_epsilon_gaussian(1 / mu, delta)`` (deterministic, so cached)."""
     from dp_accounting import get_epsilon_gaussian
 
-    delta = _check_delta("device_level_epsilon", delta)
-    terms = []
-    pure = []
-    for event in events:
-        factor = 2.0 if event.relation == "replace-one" else 1.0
-        if isinstance(event, LaplaceRecordEvent):
-            b_dev = event.device_noise_multiplier / factor
-            if b_dev == 0:
-                return math.inf
-            pure.append(1.0 / b_dev)
-            continue
-        if not isinstance(event, RecordEvent):
+    return float(get_epsilon_gaussian(1.0 / mu, delta))
+
+
+class DeviceLevelSum:
+    """Running form of :func:`device_level_epsilon`: add events one by one, ask any time.
+
+    The sums ``sum steps (D / z_eff)^2`` and ``sum xi_1 / s`` are kept exactly
+    (:class:`~aggregator.privacy.exact_sum.ExactSum`, equal to ``math.fsum`` of the terms),
+    so the result does not depend on how the events were grouped or when it is asked.
+    """
+
+    __slots__ = ("_gaussian", "_pure", "unbounded")
+
+    def __init__(self) -> None:
+        self._gaussian = ExactSum()
+        self._pure = ExactSum()
+        self.unbounded = False  # a step without any noise: epsilon is inf
+
+    def add(self, event: AnyRecordEvent) -> None:
+        """Add one event (``TypeError`` for anything but a record-level event)."""
+        if not isinstance(event, _RECORD_CLASSES):
             raise TypeError(
                 f"expected RecordEvents or LaplaceRecordEvents, got {type(event).__name__}"
             )
-        z_dev = event.effective_noise_multiplier / (factor * event.dataset_size)
-        if z_dev == 0:
+        kind, value = _device_level_term(event)
+        if kind == "gaussian":
+            self._gaussian.add(value)
+        elif kind == "pure":
+            self._pure.add(value)
+        else:
+            self.unbounded = True
+
+    def epsilon(self, delta: float) -> float:
+        """The device-level epsilon of the events added, at ``delta`` (validated by the
+        caller)."""
+        if self.unbounded:
             return math.inf
-        ratio = 1.0 / z_dev
-        terms.append(event.steps * ratio * ratio)
-    laplace = math.fsum(pure)
-    mu = math.sqrt(math.fsum(terms))
-    if mu == 0:
-        return laplace
-    if math.isinf(mu):
-        return math.inf
-    return float(get_epsilon_gaussian(1.0 / mu, delta)) + laplace
+        laplace = self._pure.value()
+        mu = math.sqrt(self._gaussian.value())
+        if mu == 0:
+            return laplace
+        if math.isinf(mu):
+            return math.inf
+        return _gaussian_dp_epsilon(mu, delta) + laplace
 
 

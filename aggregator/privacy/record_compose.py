@@ -8,6 +8,14 @@ parameter ``b = scale / l1 sensitivity``, add/remove, no sampling),
 deterministic: the same calls give bit-identical states and epsilons, which is what lets the
 accountant's ``epsilon_if`` equal its ``epsilon`` after ``add``.
 
+A contribution is a pure function of its *key*: ``key(q, z, steps)`` is ``("sgm", q,
+round_down(z), steps)`` and ``laplace_key(b, count)`` is ``("laplace", b, count)``, exactly
+the arguments the computation uses (``contribution(q, z, steps)`` is
+``contribution_of(key(q, z, steps))``). Two events whose keys are equal (``==`` on the
+floats) therefore contribute bit-identical curves or distributions, and a composed state is
+a pure function of the sequence of keys composed: the accountant shares one state between
+devices whose sequences are equal (:mod:`aggregator.privacy.state_trie`).
+
 * :class:`RdpEngine`: the state is the RDP curve on a fixed order grid (add/remove, both
   directions) plus, as its last entry, the order-infinity value (pure-DP epsilon: finite
   only while every part is pure, i.e. Laplace), composed by addition; per-``(q, z)`` curves
@@ -46,9 +54,20 @@ from aggregator.privacy.record_rdp import (
 
 #: A state that released something with no noise at all: epsilon is infinite.
 NON_PRIVATE = "non-private"
+#: What a contribution is computed from: ``("sgm", q, z rounded, steps)`` or
+#: ``("laplace", b, count)``.
+ContributionKey = tuple[str, float, float, int] | tuple[str, float, int]
 _CACHE_SIZE = 2048
 _GROUP_BISECTIONS = 40
 _MAX_GROUP_EPSILON = 700.0  # exp() overflows beyond; report inf
+
+
+def _sgm_key(q: float, z: float, steps: int, resolution: float) -> ContributionKey:
+    return ("sgm", float(q), round_down(float(z), resolution), int(steps))
+
+
+def _laplace_key(b: float, count: int) -> ContributionKey:
+    return ("laplace", float(b), int(count))
 
 
 class RdpEngine:
@@ -84,10 +103,27 @@ class RdpEngine:
         """The curve of nothing released (zeros; last entry: order infinity)."""
         return np.zeros(len(self.grid) + 1)
 
+    def key(self, q: float, z: float, steps: int) -> ContributionKey:
+        """The key of :meth:`contribution` ``(q, z, steps)`` (``z`` rounded down)."""
+        return _sgm_key(q, z, steps, self.z_resolution)
+
+    def laplace_key(self, b: float, count: int) -> ContributionKey:
+        """The key of :meth:`laplace_contribution` ``(b, count)``."""
+        return _laplace_key(b, count)
+
+    def contribution_of(self, key: ContributionKey) -> np.ndarray:
+        """The contribution a key stands for (module docstring)."""
+        if key[0] == "laplace":
+            return self._laplace_of(float(key[1]), int(key[2]))
+        return self._sgm_of(float(key[1]), float(key[2]), int(key[3]))  # type: ignore[misc]
+
     def contribution(self, q: float, z: float, steps: int) -> np.ndarray:
         """``steps`` times the one-step curve at ``(q, round_down(z))``; a Gaussian is not
         pure DP, so its order-infinity entry is ``inf`` (``0`` for ``z = inf``)."""
-        curve = steps * self._curve(float(q), round_down(float(z), self.z_resolution))
+        return self.contribution_of(self.key(q, z, steps))
+
+    def _sgm_of(self, q: float, z: float, steps: int) -> np.ndarray:
+        curve = steps * self._curve(q, z)
         return np.append(curve, 0.0 if math.isinf(z) else math.inf)
 
     def _compute_laplace_curve(self, b: float) -> np.ndarray:
@@ -101,11 +137,14 @@ class RdpEngine:
     def laplace_contribution(self, b: float, count: int) -> np.ndarray:
         """``count`` times the RDP curve of the Laplace mechanism with parameter ``b``
         (``(1 / b)``-DP; ``b = 0``: every order infinite)."""
+        return self.contribution_of(self.laplace_key(b, count))
+
+    def _laplace_of(self, b: float, count: int) -> np.ndarray:
         if b == 0:
             return np.full(len(self.grid) + 1, math.inf)
         if math.isinf(b):
             return self.identity()
-        return np.append(count * self._laplace_curve(float(b)), count / float(b))
+        return np.append(count * self._laplace_curve(b), count / b)
 
     def compose(self, state: Any, contribution: Any) -> np.ndarray:
         """Sequential composition: curves add order by order."""
@@ -191,15 +230,29 @@ class PldEngine:
 
     def laplace_contribution(self, b: float, count: int) -> Any:
         """PLD of ``count`` Laplace mechanisms of parameter ``b`` (cached, not rounded)."""
-        return self._make_laplace(float(b), int(count))
+        return self.contribution_of(self.laplace_key(b, count))
 
     def identity(self) -> Any:
         """The PLD of nothing released."""
         return self._pld.identity(value_discretization_interval=self.discretization)
 
+    def key(self, q: float, z: float, steps: int) -> ContributionKey:
+        """The key of :meth:`contribution` ``(q, z, steps)`` (``z`` rounded down)."""
+        return _sgm_key(q, z, steps, self.z_resolution)
+
+    def laplace_key(self, b: float, count: int) -> ContributionKey:
+        """The key of :meth:`laplace_contribution` ``(b, count)``."""
+        return _laplace_key(b, count)
+
+    def contribution_of(self, key: ContributionKey) -> Any:
+        """The (cached) PLD a key stands for (module docstring)."""
+        if key[0] == "laplace":
+            return self._make_laplace(float(key[1]), int(key[2]))
+        return self._make(float(key[1]), float(key[2]), int(key[3]))  # type: ignore[misc]
+
     def contribution(self, q: float, z: float, steps: int) -> Any:
         """PLD of ``steps`` steps at ``(q, round_down(z))`` (cached)."""
-        return self._make(float(q), round_down(float(z), self.z_resolution), int(steps))
+        return self.contribution_of(self.key(q, z, steps))
 
     def compose(self, state: Any, contribution: Any) -> Any:
         """Composition of two PLDs (``NON_PRIVATE`` absorbs)."""

@@ -92,7 +92,7 @@ def bar_plot(
 ) -> Path:
     """Grouped bars: one group per entry of ``groups``, one bar per series (missing: none)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.1 * len(groups) + 3.5), 4.2))
     n = max(1, len(series))
     width = 0.8 / n
     for k, (name, vals) in enumerate(series.items()):
@@ -100,9 +100,10 @@ def bar_plot(
         ys = [v if v is not None and math.isfinite(v) else 0.0 for v in vals]
         bars = ax.bar(xs, ys, width, label=name)
         for b, v in zip(bars, vals, strict=True):
-            if v is None or not math.isfinite(v):
-                ax.annotate("n/a", (b.get_x() + b.get_width() / 2, 0), ha="center",
-                            va="bottom", fontsize=7, rotation=90)
+            if v is None or not math.isfinite(v) or v == 0:  # a bar of height 0 is invisible
+                ax.annotate("n/a" if v is None or not math.isfinite(v) else "0",
+                            (b.get_x() + b.get_width() / 2, 0), ha="center", va="bottom",
+                            fontsize=7, rotation=90, color=b.get_facecolor())
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -110,7 +111,7 @@ def bar_plot(
     if log:
         ax.set_yscale("symlog", linthresh=1e-8)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return save_fig(fig, path)
 

@@ -66,7 +66,7 @@ def make_plan(
     json_path = out_dir / f"{name}.json"
     if plan_path.is_file() and json_path.is_file():
         return plan_path, json.loads(json_path.read_text())
-    scenario = {"calibration": str(calibration.resolve())}
+    scenario: dict[str, Any] = {"calibration": str(calibration.resolve())}
     if k_max is not None:
         scenario["k_max"] = k_max
     scn_path = out_dir / f"{name}.scenario.yaml"

@@ -67,6 +67,7 @@ from testbed.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
 from testbed.rundir import RunDir, RunDirError
 from testbed.schemes import DeviceUplink, resolve_uplinks
+from testbed.secure_aggregation import CARRIER as SECAGG_CARRIER
 from testbed.secure_aggregation import secure_sum
 from testbed.seeding import Stream, experiment_generator, new_run_secret
 from testbed.stage_timer import StageTimer
@@ -585,7 +586,7 @@ class Experiment:
             self.book.commit(self.last_committed, nonce)
         info: dict[str, Any] = {
             "device": i, "transmitted": True, "train_loss": local.train_loss,
-            "carrier": "control plane (secure aggregation: masked integers, not the radio)",
+            "carrier": SECAGG_CARRIER,
             "energy_comm_j": 0.0, "energy_comp_j": local.comp.energy_j,
             "energy_comp_source": local.comp.source, "sigma": self.uplinks[i].sigma,
         }

@@ -16,6 +16,7 @@ from typing import Any
 
 from testbed.config.loader import ConfigError
 from testbed.reproduce.printed import FIG3_RATIO_RANGE
+from testbed.sweep.cells import read_summary
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,6 @@ def _num(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v
-
-
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """A run's ``summary.json`` or ``None`` when it has none."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
 
 
 def measured_noise(run_dir: Path) -> dict[str, Sourced]:

@@ -37,6 +37,7 @@ from testbed.reproduce.sections import (
     table1_section,
 )
 from testbed.rundir import atomic_write_bytes, dumps
+from testbed.sweep.cells import read_summary
 
 TARGETS: tuple[str, ...] = ("table1", "fig2a", "fig2b", "fig2c", "fig3", "all")
 
@@ -127,8 +128,6 @@ def reproduce(req: Request, log: Callable[[str], None] | None = None) -> Path:
 
 def _existing_cells(out: Path, req: Request) -> list[RunCell]:
     """Table I's runs already in ``out`` (for Fig. 2(a)'s measured column); none run."""
-    from testbed.reproduce.figures import read_summary
-
     cells = []
     for ds in req.datasets:
         for scheme in req.schemes:

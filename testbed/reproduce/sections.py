@@ -6,7 +6,6 @@ report. A statement is written wherever the printed claim does not hold in what 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,11 @@ from testbed.reproduce.report import (
     md_table,
     printed_accuracy,
     rel,
-    scheme_label,
     sourced_cell,
     write_csv,
 )
 from testbed.reproduce.runs import RunCell
+from testbed.sweep.cells import read_summary
 
 TABLE1_HEADER = (
     "data set", "scheme", "epsilon target", "printed MNIST (%)", "printed CIFAR-10 (%)",
@@ -50,8 +49,6 @@ TABLE1_HEADER = (
 
 def _peer_paper_eps(run_dir: Path) -> float | None:
     """The peer paper's own epsilon (largest over devices) from a run's summary."""
-    from testbed.reproduce.figures import read_summary
-
     s = read_summary(run_dir) or {}
     vals = []
     for d in (s.get("privacy") or {}).get("devices") or []:
@@ -326,8 +323,6 @@ FIG3_HEADER = ("data set", "epsilon target", "scheme", "target loss", "round rea
 
 def fig3_section(cells: list[RunCell], out: Path, target: float) -> str:
     """Fig. 3: energy (all devices, computing + radio) to reach the target training loss."""
-    from testbed.reproduce.figures import read_summary
-
     rows: list[list[Any]] = []
     groups: list[str] = []
     series: dict[str, list[float | None]] = {s: [] for s in SCHEMES_003}
@@ -390,13 +385,3 @@ def fig3_section(cells: list[RunCell], out: Path, target: float) -> str:
     ]
     lines += [f"- {v}" for v in verdicts]
     return "\n".join(lines) + "\n"
-
-
-def scheme_list(cells: list[RunCell]) -> str:
-    """The schemes run, with the paper's names."""
-    return ", ".join(scheme_label(s) for s in dict.fromkeys(c.scheme for c in cells))
-
-
-def is_finite(x: Any) -> bool:
-    """Whether ``x`` is a finite number."""
-    return isinstance(x, int | float) and math.isfinite(x)

@@ -126,3 +126,21 @@ def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str],
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr
     assert not (out / "runs").exists()
+
+
+def test_dp_pasgd_round_is_charged_its_four_local_steps_of_computing() -> None:
+    """003 counts computing energy per global round; a dp-pasgd round is tau local steps of
+    the base config's one-step round, so Fig. 3 must not credit it with a quarter of that."""
+    from testbed.config.loader import load_experiment
+    from testbed.reproduce.cases import BASE_CONFIG, PASGD_TAU, settings, table1_cases
+
+    step = load_experiment(BASE_CONFIG).energy.e_comp_j
+    assert load_experiment(BASE_CONFIG).local_steps == 1
+    for extra, per_step in ((None, step), ({"energy.e_comp_j": 0.3}, 0.3)):
+        cases = {c.scheme: c for c in table1_cases(settings(False, extra))}
+        pasgd = cases["dp-pasgd"].overrides
+        assert pasgd["local_steps"] == PASGD_TAU == 4
+        assert pasgd["energy.e_comp_j"] == pytest.approx(4 * per_step)
+        assert pasgd["rounds"] == 160 // 4
+        assert all("energy.e_comp_j" not in c.overrides for s, c in cases.items()
+                   if s != "dp-pasgd")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.config.loader import ConfigError
+from testbed.config.loader import ConfigError, load_experiment
 
 #: The shipped record-level config every reproduction run starts from.
 BASE_CONFIG = Path(__file__).resolve().parents[1] / "config" / "private-fedsgd.yaml"
@@ -36,6 +36,9 @@ DATASET_MODELS: dict[str, str] = {
     "mnist": "mnist-cnn",
     "cifar10": "cifar-cnn",
 }
+
+#: dp-pasgd's local steps per round (tau), as in its closing-note runs.
+PASGD_TAU = 4
 
 #: The schemes of Table I (003's four, then the three peer systems), in report order.
 TABLE1_SCHEMES: tuple[str, ...] = (
@@ -119,17 +122,24 @@ def table1_cases(s: Settings) -> list[Case]:
     """The seven schemes, each with the settings of its closing-note runs.
 
     dp-pasgd averages every 4 local steps (tau = 4), so it runs rounds / 4 rounds (the same
-    number of noisy steps as a FedSGD run); 004 and 002 ask b = r = 5 of the 10 devices per
-    round, with per-step noise.
+    number of noisy steps as a FedSGD run). 003 counts computing energy per global round
+    (``E_i^comp``, Section V-A), and a dp-pasgd round is 4 local steps where the base
+    config's ``energy.e_comp_j`` is for one, so its round is charged ``4 x e_comp_j``
+    (otherwise Fig. 3 would credit it with a quarter of the computing). 004 and 002 ask
+    b = r = 5 of the 10 devices per round, with per-step noise.
     """
-    pasgd_rounds = max(2, s.rounds // 4)
+    pasgd_rounds = max(2, s.rounds // PASGD_TAU)
+    e_comp_step = s.fixed.get("energy.e_comp_j")
+    if e_comp_step is None:
+        e_comp_step = load_experiment(BASE_CONFIG).energy.e_comp_j
     return [
         Case("ldp-fedavg", {"scheme": "ldp-fedavg"}),
         Case("channel-dp", {"scheme": "channel-dp"}),
         Case("s-dp-fl", {"scheme": "s-dp-fl"}),
         Case("ee-dp-fl", {}, needs_plan=True),
         Case("dp-pasgd", {"scheme": "dp-pasgd", "privacy.noise": "per-step",
-                          "local_steps": 4, "rounds": pasgd_rounds}),
+                          "local_steps": PASGD_TAU, "rounds": pasgd_rounds,
+                          "energy.e_comp_j": PASGD_TAU * float(e_comp_step)}),
         Case("zcdp-secagg", {"scheme": "zcdp-secagg", "privacy.noise": "per-step",
                              "clients_per_round": 5}),
         Case("fedsgd-dpc", {"scheme": "fedsgd-dpc", "privacy.noise": "per-step",

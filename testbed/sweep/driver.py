@@ -324,18 +324,22 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, _sigterm_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _sigterm_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _start_ray(ray: Any, address: str | None, cpus: int) -> None:
     """A local Ray instance with ``cpus`` CPUs, or a connection to the cluster at ``address``.
+
+    ``ray.init`` replaces the driver's SIGTERM handler with one that exits at once (no
+    cell is told to stop, and no row is written); in the main thread ours is put back.
 
     Raises
     ------
@@ -345,16 +349,18 @@ def _start_ray(ray: Any, address: str | None, cpus: int) -> None:
     if address is None:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                  object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.WARNING)
-        return
-    try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"--address {address!r}: cannot connect to a Ray cluster ({first}); a cluster "
-            "with token authentication also needs RAY_AUTH_MODE=token and its token "
-            "(docs/sweep.md)"
-        ) from None
+    else:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"--address {address!r}: cannot connect to a Ray cluster ({first}); a cluster "
+                "with token authentication also needs RAY_AUTH_MODE=token and its token "
+                "(docs/sweep.md)"
+            ) from None
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm_interrupt)
 
 
 def _execute_cells(

@@ -66,7 +66,8 @@ class Settings:
     target_loss
         Fig. 3's target training loss (5-round mean).
     fixed
-        Overrides applied to every run (after the case's own).
+        Overrides applied to every run (``--set`` included), under the case's own: a
+        case's overrides win (dp-pasgd's rounds and computing energy follow from these).
     realizations, curve_rounds
         Fig. 2(c)'s Rayleigh draws and the K of the Fig. 2(b)/(c) curves.
     """

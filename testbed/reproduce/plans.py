@@ -83,6 +83,7 @@ def make_plan(
             f"testbed plan for {name} exited {proc.returncode}: {' / '.join(tail)}"
         )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["plan_file"] = str(plan_path)  # where the plan will be, not its temporary name
     atomic_write_bytes(json_path, json.dumps(result, indent=1).encode())
     tmp_plan.replace(plan_path)  # the plan last: its presence means both are complete
     return plan_path, result

@@ -56,6 +56,7 @@ def test_table1_numbers_come_from_the_run_dirs_they_name(tmp_path: Path) -> None
         summary = json.loads((out / r["run dir"] / "summary.json").read_text())
         devs = summary["privacy"]["devices"]
         assert _close(r["measured accuracy (%)"], 100 * summary["final_accuracy"])
+        assert r["rounds"] == str(summary["rounds_completed"])
         assert _close(r["record epsilon (enforced)"], max(d["epsilon"] for d in devs))
         assert _close(r["device-level epsilon"], max(d["epsilon_device_level"] for d in devs))
         assert _close(r["epsilon, no channel credit"],
@@ -81,6 +82,8 @@ def test_table1_numbers_come_from_the_run_dirs_they_name(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped" in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json")} == before
+    assert "2 of its 2 runs were finished by an earlier invocation" in (
+        out / "report.md").read_text()
 
 
 def test_fig2bc_verdicts_follow_the_curve_csv(tmp_path: Path) -> None:
@@ -144,3 +147,40 @@ def test_dp_pasgd_round_is_charged_its_four_local_steps_of_computing() -> None:
         assert pasgd["rounds"] == 160 // 4
         assert all("energy.e_comp_j" not in c.overrides for s, c in cases.items()
                    if s != "dp-pasgd")
+
+
+def test_fig3_rows_and_verdicts_follow_the_run_summaries(tmp_path: Path) -> None:
+    """Fig. 3's energies, rounds and ratios are the summaries'; a scheme that missed the
+    target gets no ratio (EE-DP-FL included), and the verdict names who missed it."""
+    from testbed.reproduce.runs import RunCell
+    from testbed.reproduce.sections import fig3_section
+
+    def cell(scheme: str, eps: float, hit_round: int | None, energy: float | None) -> RunCell:
+        run_dir = tmp_path / "runs" / scheme / f"eps{eps:g}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "status": "completed", "rounds_completed": 160, "final_train_loss": 0.75,
+            "energy_comp_source": "modelled (configured e_comp_j)",
+            "loss_targets": [{"target": 0.7, "window": 5, "round": hit_round,
+                              "energy_j": energy}],
+        }))
+        return RunCell("fashion-mnist", scheme, eps, {"status": "completed"}, run_dir)
+
+    cells = [cell("ldp-fedavg", 5, 145, 731.6), cell("channel-dp", 5, 138, 696.5),
+             cell("s-dp-fl", 5, None, None), cell("ee-dp-fl", 5, 60, 300.0),
+             cell("ldp-fedavg", 1.8, 150, 750.0), cell("channel-dp", 1.8, None, None),
+             cell("s-dp-fl", 1.8, None, None), cell("ee-dp-fl", 1.8, None, None)]
+    md = fig3_section(cells, tmp_path, 0.7)
+    rows = {(r["epsilon target"], r["scheme"]): r for r in _tables(md, "data set")}
+    assert _close(rows[("5", "ldp-fedavg")]["ratio to EE-DP-FL"], 731.6 / 300.0)
+    assert rows[("5", "ee-dp-fl")]["ratio to EE-DP-FL"] == "1"
+    assert rows[("5", "s-dp-fl")]["ratio to EE-DP-FL"] == "-"
+    assert rows[("1.8", "ee-dp-fl")]["ratio to EE-DP-FL"] == "-"
+    assert rows[("1.8", "ldp-fedavg")]["ratio to EE-DP-FL"] == "-"
+    assert rows[("5", "channel-dp")]["round reached"] == "138"
+    assert ("eps 5: every peer that reached it needs 1.5x-2.5x EE-DP-FL's energy "
+            "(ldp-fedavg 2.44x, channel-dp 2.32x), as printed. s-dp-fl did not reach") in md
+    assert "eps 1.8: not comparable: did not reach the target loss 0.7: channel-dp" in md
+    assert "ee-dp-fl (final train loss 0.75 after 160 rounds)" in md
+    with open(tmp_path / "fig3.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == 8

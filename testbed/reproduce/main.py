@@ -144,6 +144,17 @@ def _existing_cells(out: Path, req: Request) -> list[RunCell]:
     return cells
 
 
+def _reused(cells: list[RunCell]) -> str:
+    """How many of the reported runs an earlier invocation finished (skipped here)."""
+    n = sum(1 for c in cells if c.row.get("action") == "skipped")
+    if not n:
+        return ""
+    total = sum(float(c.row.get("wall_time_s") or 0) for c in cells)
+    return (f"; {n} of its {len(cells)} runs were finished by an earlier invocation and "
+            f"skipped (the runs' own wall times, `wall_time_s` in each summary: the last "
+            f"segment of a resumed run, add up to {total:.0f} s)")
+
+
 def _header(req: Request, s: Settings, targets: list[str], cells: list[RunCell],
             wall: float) -> str:
     mode = "quick (--quick: short runs that exercise the pipeline)" if req.quick else "full"
@@ -153,7 +164,8 @@ def _header(req: Request, s: Settings, targets: list[str], cells: list[RunCell],
     lines = [
         "# Reproduction of 003 (piggyback DP, EE-DP-FL) and its peers",
         "",
-        f"Targets: {', '.join(targets)}. Mode: {mode}. Wall time: {wall:.0f} s.",
+        f"Targets: {', '.join(targets)}. Mode: {mode}. Wall time of this invocation: "
+        f"{wall:.0f} s" + _reused(cells) + ".",
         "",
         "## Settings",
         "",

@@ -41,7 +41,7 @@ from testbed.sweep.cells import read_summary
 
 TABLE1_HEADER = (
     "data set", "scheme", "epsilon target", "printed MNIST (%)", "printed CIFAR-10 (%)",
-    "measured accuracy (%)", "record epsilon (enforced)", "accountant", "delta",
+    "measured accuracy (%)", "rounds", "record epsilon (enforced)", "accountant", "delta",
     "device-level epsilon", "epsilon, no channel credit", "paper's own epsilon", "status",
     "run dir",
 )
@@ -68,7 +68,7 @@ def table1_rows(cells: list[RunCell], root: Path) -> list[list[Any]]:
             c.dataset, c.scheme, fmt(c.epsilon),
             fmt(printed_accuracy(c.scheme, c.epsilon, "mnist")),
             fmt(printed_accuracy(c.scheme, c.epsilon, "cifar10")),
-            fmt(None if acc is None else 100 * float(acc), 4),
+            fmt(None if acc is None else 100 * float(acc), 4), fmt(r.get("rounds_completed")),
             fmt(r.get("epsilon_record_max")), fmt(r.get("accountant")), fmt(r.get("delta")),
             fmt(r.get("epsilon_device_max")), fmt(r.get("epsilon_no_channel_max")),
             fmt(_peer_paper_eps(c.run_dir)), r.get("status"), rel(c.run_dir, root),
@@ -81,6 +81,14 @@ def _acc(cells: list[RunCell], ds: str, eps: float, scheme: str) -> float | None
         if (c.dataset, c.epsilon, c.scheme) == (ds, eps, scheme):
             v = c.row.get("final_accuracy")
             return None if v is None else float(v)
+    return None
+
+
+def _rounds(cells: list[RunCell], ds: str, eps: float, scheme: str) -> int | None:
+    for c in cells:
+        if (c.dataset, c.epsilon, c.scheme) == (ds, eps, scheme):
+            v = c.row.get("rounds_completed")
+            return None if v in (None, "") else int(float(v))
     return None
 
 
@@ -103,7 +111,8 @@ def table1_section(cells: list[RunCell], out: Path, notes: list[str], quick: boo
         md_table(TABLE1_HEADER, rows),
         "",
         "Accuracy is the final full-test-set accuracy of the run (`final_accuracy` in its "
-        "`summary.json`). Epsilons are per device, the largest over devices, at the record "
+        "`summary.json`), after the rounds it completed (ee-dp-fl: its plan's K). "
+        "Epsilons are per device, the largest over devices, at the record "
         "unit under the accountant named (dp-accounting), at the delta named; the "
         "device-level column is the same run's guarantee for a device's whole data set; "
         "'no channel credit' is the record epsilon against an eavesdropper whose channel "
@@ -135,14 +144,23 @@ def _table1_statements(cells: list[RunCell], quick: bool) -> list[str]:
             have = {s: a for s, a in accs.items() if a is not None}
             if "ee-dp-fl" in have and len(have) > 1:
                 best = max(have, key=lambda s: have[s])
+                k_ee = _rounds(cells, ds, eps, "ee-dp-fl")
+                k_other = {_rounds(cells, ds, eps, s) for s in have if s != "ee-dp-fl"}
+                rounds = (
+                    f" EE-DP-FL ran {k_ee} rounds (its plan's K), the others "
+                    f"{'/'.join(str(k) for k in sorted(k_other, key=str))}, at the same "
+                    "target epsilon: the accuracies are not at equal rounds."
+                    if k_other != {k_ee} else ""
+                )
                 if best == "ee-dp-fl":
                     out.append(f"{ds}, eps {eps:g}: EE-DP-FL has the best accuracy of 003's "
-                               "schemes, as Table I prints.")
+                               f"schemes, as Table I prints.{rounds}")
                 else:
                     out.append(
                         f"{ds}, eps {eps:g}: does not reproduce: {best} "
                         f"({100 * have[best]:.2f}%) beats EE-DP-FL "
                         f"({100 * have['ee-dp-fl']:.2f}%); Table I prints EE-DP-FL best."
+                        f"{rounds}"
                     )
             if "ldp-fedavg" in have and "channel-dp" in have:
                 out.append(
@@ -342,7 +360,8 @@ def fig3_section(cells: list[RunCell], out: Path, target: float) -> str:
             hit = ((summ or {}).get("loss_targets") or [{}])[0]
             rows.append([
                 ds, fmt(eps), s, fmt(hit.get("target", target)), fmt(hit.get("round")),
-                sourced_cell(e), fmt(ratios.get(s)) if s != "ee-dp-fl" else "1",
+                sourced_cell(e),
+                fmt(ratios.get(s)) if s != "ee-dp-fl" else ("1" if e.value else "-"),
                 (summ or {}).get("energy_comp_source", "-"),
                 rel(e.source, out) if e.source else "-",
             ])
@@ -351,14 +370,19 @@ def fig3_section(cells: list[RunCell], out: Path, target: float) -> str:
         lo, hi = FIG3_RATIO_RANGE
         text = ", ".join(f"{s} {fmt(r, 3)}x" for s, r in ratios.items() if r is not None)
         if holds is None:
-            verdicts.append(f"{ds}, eps {eps:g}: not comparable: EE-DP-FL or every peer did not "
-                            "reach the target loss.")
-        elif holds:
-            verdicts.append(f"{ds}, eps {eps:g}: every peer needs {lo}x-{hi}x EE-DP-FL's "
-                            f"energy ({text}), as printed.")
+            verdicts.append(f"{ds}, eps {eps:g}: not comparable: "
+                            + _unreached(runs, energies, target))
         else:
-            verdicts.append(f"{ds}, eps {eps:g}: does not reproduce: peer/EE-DP-FL energy "
-                            f"ratios {text}; 003 prints {lo}x-{hi}x for every peer.")
+            missed = [p for p, r in ratios.items() if r is None]
+            tail = (f" {', '.join(missed)} did not reach the target within its run, so it "
+                    "has no ratio." if missed else "")
+            if holds:
+                who = "every peer that reached it" if missed else "every peer"
+                verdicts.append(f"{ds}, eps {eps:g}: {who} needs {lo}x-{hi}x EE-DP-FL's "
+                                f"energy ({text}), as printed.{tail}")
+            else:
+                verdicts.append(f"{ds}, eps {eps:g}: does not reproduce: peer/EE-DP-FL energy "
+                                f"ratios {text}; 003 prints {lo}x-{hi}x for every peer.{tail}")
     write_csv(out / "fig3.csv", FIG3_HEADER, rows)
     bar_plot(out / "fig3.png", groups, series,
              title=f"Fig. 3: energy to reach the target training loss ({target:g})",
@@ -385,3 +409,23 @@ def fig3_section(cells: list[RunCell], out: Path, target: float) -> str:
     ]
     lines += [f"- {v}" for v in verdicts]
     return "\n".join(lines) + "\n"
+
+
+def _unreached(runs: dict[str, RunCell], energies: dict[str, Sourced], target: float) -> str:
+    """Which of 003's schemes did not reach the target loss, with their rounds and final
+    training loss (from each run's summary)."""
+    missed = []
+    for s in SCHEMES_003:
+        if energies[s].value is not None:
+            continue
+        c = runs.get(s)
+        summ = (read_summary(c.run_dir) if c else None) or {}
+        loss = summ.get("final_train_loss")
+        missed.append(
+            f"{s} (final train loss {fmt(loss, 3)} after {fmt(summ.get('rounds_completed'))} "
+            "rounds)" if c else f"{s} (not run)"
+        )
+    why = (" ee-dp-fl's K is its plan's, from the calibrated convergence model, which "
+           "predicted the target within K: the model was optimistic for this run."
+           if energies["ee-dp-fl"].value is None and "ee-dp-fl" in runs else "")
+    return f"did not reach the target loss {target:g}: {', '.join(missed)}.{why}"

@@ -73,3 +73,26 @@ class StopSignals:
             if self._depth == 0 and self._forced:
                 self._forced = False
                 raise KeyboardInterrupt
+
+
+def raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Signal handler: raise ``KeyboardInterrupt`` (SIGTERM stops like Ctrl-C)."""
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C inside the block (main thread only; elsewhere a no-op).
+
+    For commands that stop by unwinding on ``KeyboardInterrupt`` (``testbed sweep``,
+    ``testbed reproduce``): ``subprocess.run`` then kills its child, and ``finally`` blocks
+    run. The previous handler is put back on exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

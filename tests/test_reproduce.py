@@ -184,3 +184,34 @@ def test_fig3_rows_and_verdicts_follow_the_run_summaries(tmp_path: Path) -> None
     assert "ee-dp-fl (final train loss 0.75 after 160 rounds)" in md
     with open(tmp_path / "fig3.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 8
+
+
+@pytest.mark.slow
+def test_sigterm_while_planning_stops_cleanly_and_leaves_no_planner(tmp_path: Path) -> None:
+    """SIGTERM to `testbed reproduce` (as a job scheduler sends) while `testbed plan` runs as
+    its child: exit 130, the child is killed with it, no half-written plan is left."""
+    import os
+    import signal
+    import time
+
+    from tests.test_sweep import _nothing_in_session, _wait_gone
+
+    out = tmp_path / "rep"
+    proc = subprocess.Popen(
+        [*TESTBED, "reproduce", "fig2a", "--quick", "--epsilons", "5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    scenario = out / "plans" / "fashion-mnist-eps5.scenario.yaml"
+    deadline = time.monotonic() + 60
+    while not scenario.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    time.sleep(2.0)  # the planner child is solving (about 25 s)
+    assert proc.poll() is None
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    _wait_gone(lambda: _nothing_in_session(proc.pid))
+    assert not (out / "plans" / "fashion-mnist-eps5.yaml").exists()
+    assert not (out / "plans" / "fashion-mnist-eps5.json").exists()

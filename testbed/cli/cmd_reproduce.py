@@ -46,6 +46,7 @@ def register(sub: Any) -> None:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    from testbed.interrupts import sigterm_as_interrupt
     from testbed.reproduce.cases import parse_datasets
     from testbed.reproduce.main import Request, parse_mapping, reproduce
 
@@ -72,7 +73,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         req.epsilons = eps
     req.extra = extra
     try:
-        reproduce(req)
+        with sigterm_as_interrupt():  # a planner or curve child is killed, not orphaned
+            reproduce(req)
     except KeyboardInterrupt:
         print(f"\ntestbed reproduce: interrupted; the finished runs are kept in {out}: run the "
               "same command again to continue", file=sys.stderr)

@@ -18,7 +18,6 @@ path at the same place (a shared file system) and have the testbed installed.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -27,13 +26,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from testbed.config.errors import ConfigError
 from testbed.config.safe_yaml import dump_yaml_text
+from testbed.interrupts import raise_interrupt, sigterm_as_interrupt
 from testbed.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.sweep.cells import Cell, build_cells, cell_action, read_summary
 from testbed.sweep.results import plot_results, result_row, write_csv
@@ -312,27 +312,9 @@ def _execute(
     """Run ``todo`` as Ray tasks; returns whether the sweep was interrupted."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     total = len(rows)
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         return _execute_cells(spec, todo, actions, rows, out, address, cpus, note, index, save,
                               total)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while cells run (as `testbed run` does); main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    previous = signal.signal(signal.SIGTERM, _sigterm_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _sigterm_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _start_ray(ray: Any, address: str | None, cpus: int) -> None:
@@ -360,7 +342,7 @@ def _start_ray(ray: Any, address: str | None, cpus: int) -> None:
                 "(docs/sweep.md)"
             ) from None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _sigterm_interrupt)
+        signal.signal(signal.SIGTERM, raise_interrupt)
 
 
 def _execute_cells(

@@ -42,12 +42,10 @@ def _close(text: str, value: float | None) -> bool:
 
 def test_table1_numbers_come_from_the_run_dirs_they_name(tmp_path: Path) -> None:
     out = tmp_path / "rep"
-    proc = subprocess.run(
-        [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "channel-dp",
-         "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
-         "--set", "eval_every=2", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )
+    cmd = [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "channel-dp",
+           "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
+           "--set", "eval_every=2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "report.md").read_text()
     rows = _tables(md, "data set")
@@ -73,12 +71,7 @@ def test_table1_numbers_come_from_the_run_dirs_they_name(tmp_path: Path) -> None
     assert (out / "table1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # run again: the finished cells are skipped, not re-run
     before = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json")}
-    proc = subprocess.run(
-        [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "channel-dp",
-         "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
-         "--set", "eval_every=2", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped" in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json")} == before

@@ -123,9 +123,7 @@ def table1_section(cells: list[RunCell], out: Path, notes: list[str], quick: boo
         "",
     ]
     statements = _table1_statements(cells, quick)
-    lines += ["### What reproduces and what does not", ""] + [f"- {s}" for s in statements]
-    lines += [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+    return _with_statements(lines, [*statements, *notes])
 
 
 def _table1_statements(cells: list[RunCell], quick: bool) -> list[str]:
@@ -252,11 +250,8 @@ def fig2a_section(
         "",
         "![Fig. 2(a)](fig2a.png)",
         "",
-        "### What reproduces and what does not",
-        "",
     ]
-    lines += [f"- {v}" for v in verdicts]
-    return "\n".join(lines) + "\n"
+    return _with_statements(lines, verdicts)
 
 
 def _fig2a_verdicts(ds: str, eps: float, var: dict[str, float]) -> list[str]:
@@ -313,26 +308,26 @@ def fig2bc_section(curve: dict[str, Any], out: Path) -> str:
                         "Rayleigh mean below AWGN at every SNR (piggyback)"), table), ""]
     if curve.get("png"):
         lines += [f"![Fig. 2(b)/(c)]({rel(curve['png'], out)})", ""]
-    lines += ["### What reproduces and what does not", ""]
+    statements: list[str] = []
     for key, holds in sorted(below.items()):
         if not holds:
-            lines.append(
-                f"- {key}: does not reproduce: piggyback's epsilon is not below channel only's "
+            statements.append(
+                f"{key}: does not reproduce: piggyback's epsilon is not below channel only's "
                 "at every SNR (under the strict accounting a quantizer between the noise and "
                 "the channel forfeits the channel credit; docs/privacy.md)."
             )
         else:
-            lines.append(f"- {key}: piggyback below channel only at every SNR, as printed.")
+            statements.append(f"{key}: piggyback below channel only at every SNR, as printed.")
     for mode in ("paper", "strict"):
         f = fading_below_awgn(rows, mode, "piggyback")
         if f is False:
-            lines.append(
-                f"- {mode}: does not reproduce: Rayleigh's expected epsilon is not below "
+            statements.append(
+                f"{mode}: does not reproduce: Rayleigh's expected epsilon is not below "
                 "AWGN's at every SNR where both are finite (see the CSV for the values)."
             )
         elif f:
-            lines.append(f"- {mode}: Rayleigh's expected epsilon below AWGN's, as printed.")
-    return "\n".join(lines) + "\n"
+            statements.append(f"{mode}: Rayleigh's expected epsilon below AWGN's, as printed.")
+    return _with_statements(lines, statements)
 
 
 FIG3_HEADER = ("data set", "epsilon target", "scheme", "target loss", "round reached",
@@ -404,11 +399,15 @@ def fig3_section(cells: list[RunCell], out: Path, target: float) -> str:
         "",
         "![Fig. 3](fig3.png)",
         "",
-        "### What reproduces and what does not",
-        "",
     ]
-    lines += [f"- {v}" for v in verdicts]
-    return "\n".join(lines) + "\n"
+    return _with_statements(lines, verdicts)
+
+
+def _with_statements(lines: list[str], statements: list[str]) -> str:
+    """A section's markdown: ``lines``, then its "what reproduces" list."""
+    return "\n".join(
+        [*lines, "### What reproduces and what does not", "", *(f"- {x}" for x in statements)]
+    ) + "\n"
 
 
 def _unreached(runs: dict[str, RunCell], energies: dict[str, Sourced], target: float) -> str:

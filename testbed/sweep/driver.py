@@ -289,32 +289,14 @@ def _run_locked(
     save()
     todo = [c for c in cells if actions[c.name] != "skip"]
     if todo:
-        result.interrupted = _execute(spec, todo, actions, rows, out, address, cpus, note,
-                                      index, save)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        with sigterm_as_interrupt():  # reinstalled after ray.init (see _start_ray)
+            result.interrupted = _execute_cells(spec, todo, actions, rows, out, address, cpus,
+                                                note, index, save)
     save()
     plot_results(result.rows, result.grid_keys, result.plot, spec.name)
     note(f"results: {result.table}, {result.plot}")
     return result
-
-
-def _execute(
-    spec: SweepSpec,
-    todo: list[Cell],
-    actions: dict[str, str],
-    rows: dict[str, dict[str, Any]],
-    out: Path,
-    address: str | None,
-    cpus: int,
-    note: Log,
-    index: dict[str, int],
-    save: Callable[[], None],
-) -> bool:
-    """Run ``todo`` as Ray tasks; returns whether the sweep was interrupted."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    total = len(rows)
-    with sigterm_as_interrupt():
-        return _execute_cells(spec, todo, actions, rows, out, address, cpus, note, index, save,
-                              total)
 
 
 def _start_ray(ray: Any, address: str | None, cpus: int) -> None:
@@ -356,8 +338,8 @@ def _execute_cells(
     note: Log,
     index: dict[str, int],
     save: Callable[[], None],
-    total: int,
 ) -> bool:
+    """Run ``todo`` as Ray tasks; returns whether the sweep was interrupted."""
     import ray
     from ray.exceptions import RayError, TaskCancelledError
 
@@ -424,7 +406,7 @@ def _execute_cells(
                 row["status"] = "interrupted"
             rows[cell.name] = row
             save()
-            note(f"cell {index[cell.name]}/{total} ({cell.label}): {action}: "
+            note(f"cell {index[cell.name]}/{len(rows)} ({cell.label}): {action}: "
                  f"{_outcome_text(row)}")
 
         pending = list(refs)

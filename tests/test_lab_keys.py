@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import shutil
 import stat
@@ -226,6 +227,31 @@ def test_unlisted_key_is_refused_and_allowed_client_still_works(
                 assert server.recv(0.5) is None
         finally:
             plain.close(linger=0)
+
+
+def test_send_polls_again_when_the_pipe_goes_between_poll_and_send(
+    keys: KeySet, ctx: zmq.Context[Any]
+) -> None:
+    """A refused or dropped connection can be torn down after POLLOUT said writable; the
+    non-blocking send then raises zmq.Again. send() must poll again, not raise it (seen
+    once under load in test_unlisted_key_is_refused_and_allowed_client_still_works)."""
+    with CurveServer(ctx, ANY_PORT, keys_dir=keys.out_dir) as server:
+        with CurveClient(ctx, server.last_endpoint, keys_dir=keys.out_dir, device=1) as one:
+            sock = one._open_socket()
+            real = sock.send_multipart
+            raised: list[int] = []
+
+            def torn_down_once(frames: list[bytes], flags: int = 0) -> Any:
+                if not raised:
+                    raised.append(flags)
+                    raise zmq.Again(errno.EAGAIN)
+                return real(frames, flags=flags)
+
+            sock.send_multipart = torn_down_once  # type: ignore[method-assign]
+            one.send([b"after the race"])
+            assert raised == [zmq.NOBLOCK]
+            got = server.recv(5.0)
+            assert got is not None and got[1:] == (1, [b"after the race"])
 
 
 def test_wrong_server_key_gets_nothing_through(

@@ -466,11 +466,22 @@ class CurveClient:
         payload = _check_frames(frames, self.max_message_bytes)
         timeout = _check_timeout(timeout_s)
         sock = self._open_socket()
-        if not sock.poll(math.ceil(timeout * 1000), zmq.POLLOUT):
-            raise TimeoutError(
-                f"send to {self.endpoint}: queue full for {timeout_s} s (aggregator unreachable?)"
-            )
-        sock.send_multipart(payload, flags=zmq.NOBLOCK)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            if sock.poll(remaining_ms, zmq.POLLOUT):
+                try:
+                    sock.send_multipart(payload, flags=zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    # The pipe went between poll and send (a refused or dropped
+                    # connection is torn down and re-established): poll again.
+                    time.sleep(0.005)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"send to {self.endpoint}: queue full for {timeout_s} s "
+                    "(aggregator unreachable?)"
+                )
 
     def _open_socket(self) -> zmq.Socket[Any]:
         if self._closed or self._socket is None:

@@ -21,10 +21,15 @@ Gaussian mechanism. With ``steps > 1`` and no per-step noise, later steps depend
 through the weights and this trainer gives no record-level bound by itself.
 
 :meth:`RecordTrainer.train_laplace` is 004's Laplace reply (FedSGD-DPC): one step over *all*
-``D`` examples (no sampling), each example's gradient clipped in the **l1** norm to ``xi_1``,
-the sum divided by ``D`` (a public constant of the mechanism, so one record added or removed
-moves the value by at most ``xi_1 / D`` in l1) plus ``Lap(0, s)`` per coordinate from
-:func:`edge_device.laplace_noise.laplace_noise` (OS CSPRNG, never seeded).
+the device's examples (no sampling), each example's gradient clipped in the **l1** norm to
+``xi_1``, the sum divided by ``D_pub`` plus ``Lap(0, s)`` per coordinate from
+:func:`edge_device.laplace_noise.laplace_noise` (OS CSPRNG, never seeded). ``D_pub``
+(``normaliser``) is a public constant fixed before the run (the device's shard size as
+partitioned, recorded in every ledger event and in the summary), never the number of records
+the step sees: with it one record added or removed moves the value by at most ``xi_1 / D_pub``
+in l1. Dividing by the realized size instead (as this trainer once did) lets one added record
+move the value by up to ``2 xi_1 / (D + 1)`` (docs/privacy.md, "The Laplace mechanism's
+normaliser").
 
 Randomness:
 
@@ -266,6 +271,7 @@ class RecordTrainer:
         lr: float,
         example_clip: float,
         laplace_scale: float,
+        normaliser: int,
         chunk: int = 256,
     ) -> RecordResult:
         """004's Laplace reply: one full-batch step with l1 clipping and Laplace noise.
@@ -280,21 +286,39 @@ class RecordTrainer:
             ``xi_1 > 0``: l1 bound of each example's gradient (loss units per parameter).
         laplace_scale
             ``s >= 0``: Laplace scale per coordinate on the averaged clipped gradient (same
-            units; variance ``2 s^2``); ``0`` adds no noise.
+            units; variance ``2 s^2``); ``0`` adds no noise. The caller derives it from
+            ``normaliser`` (``s = b xi_1 / D_pub``), never from the records seen.
+        normaliser
+            ``D_pub >= 1`` (records): the public normaliser, fixed before the run (the
+            device's shard size as partitioned, ``RecordSettings.dataset_size``). The clipped
+            sum over *all the records this trainer holds* is divided by it, whatever their
+            number: a neighbouring data set (one record more or fewer) keeps the same
+            ``D_pub``, so the value moves by at most ``xi_1 / D_pub`` in l1.
         chunk
             Examples per per-example-gradient call (bounds memory; the sum is the same).
 
         Returns
         -------
         RecordResult
-            ``differential`` is ``(clipped l1 sum) / D + Lap(0, s)`` in float64;
-            ``batch_sizes`` is ``[D]``, ``sampling_rate`` 1, ``noise_multiplier``
-            ``b = s D / xi_1`` and ``secure_sampling`` ``False`` (nothing is sampled).
+            ``differential`` is ``(clipped l1 sum) / D_pub + Lap(0, s)`` in float64;
+            ``batch_sizes`` is ``[D]`` (the records seen), ``sampling_rate`` 1,
+            ``noise_multiplier`` ``b = s D_pub / xi_1`` and ``secure_sampling`` ``False``
+            (nothing is sampled).
         """
         self._check(1, self.n_examples, lr, example_clip, laplace_scale)
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk={chunk!r} must be an integer >= 1")
+        if (
+            isinstance(normaliser, bool)
+            or not isinstance(normaliser, int | np.integer)
+            or normaliser < 1
+        ):
+            raise ValueError(
+                f"normaliser={normaliser!r} must be an integer >= 1 (the public D_i fixed "
+                "before the run)"
+            )
         n = self.n_examples
+        public = int(normaliser)
         set_flat(self.model, w_global)
         self.model.train()
         total = torch.zeros(self.d, dtype=torch.float64)
@@ -304,7 +328,7 @@ class RecordTrainer:
             part, _, losses = self.clipped_sum(xs, ys, example_clip, norm=1)
             total += part.double()
             loss_total += float(losses.double().sum())
-        differential = total / n
+        differential = total / public  # never / n: n is the data set's, D_pub is public
         if laplace_scale > 0:
             differential += torch.from_numpy(laplace_noise(self.d, float(laplace_scale)))
         step = differential.float()
@@ -320,7 +344,7 @@ class RecordTrainer:
             mean_loss=loss_total / n,
             batch_sizes=np.array([n], dtype=np.int64),
             sampling_rate=1.0,
-            noise_multiplier=float(laplace_scale) * n / float(example_clip),
+            noise_multiplier=float(laplace_scale) * public / float(example_clip),
             secure_sampling=False,
         )
 

@@ -150,7 +150,8 @@ def _train(
     rs = record
     if rs.noise_distribution == "laplace":  # 004: full batch, l1 clip, Laplace noise
         return trainer.train_laplace(
-            w, lr=cfg.lr, example_clip=rs.example_clip, laplace_scale=rs.laplace_scale
+            w, lr=cfg.lr, example_clip=rs.example_clip, laplace_scale=rs.laplace_scale,
+            normaliser=rs.dataset_size,
         )
     return trainer.train(
         w,

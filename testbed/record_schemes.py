@@ -16,10 +16,13 @@ samples) and divides by ``B``. The noise goes either
   then only what the channel does not already provide at the mean channel gain.
 
 With ``privacy.noise_distribution: laplace`` (scheme ``fedsgd-dpc`` only, 004's Laplace
-mechanism) a device's one local step takes *all* its ``D_i`` records (no sampling), clips each
+mechanism) a device's one local step takes *all* its records (no sampling), clips each
 example's gradient in the l1 norm to ``xi_1`` (``privacy.example_clip``), divides the sum by
-the public ``D_i`` and adds ``Lap(0, s)`` per coordinate from the OS CSPRNG. One record added
-or removed moves the value by at most ``xi_1 / D_i`` in l1, so each reply is
+the public ``D_i`` and adds ``Lap(0, s)`` per coordinate from the OS CSPRNG. ``D_i`` is the
+device's shard size as partitioned, fixed before the first round (``dataset_size`` in every
+ledger event and in the summary), and both the divisor and ``s = b xi_1 / D_i`` come from it,
+never from the records a step sees. One record added or removed then moves the value by at
+most ``xi_1 / D_i`` in l1, so each reply is
 ``(xi_1 / (D_i s))``-DP; ``s`` is set so the ``ceil(b T / N)`` replies a device makes under
 round robin compose (basically, tight for pure DP) to the target
 (:func:`~aggregator.privacy.record_accountant.calibrate_laplace_noise_multiplier`). Each
@@ -37,6 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from aggregator.privacy.record_accountant import (
     calibrate_laplace_noise_multiplier,
@@ -78,7 +82,8 @@ class RecordSettings:
     example_clip, expected_batch
         ``C`` and ``B``.
     dataset_size
-        ``D``, the device's records.
+        ``D``, the device's records as partitioned, fixed before the first round; for the
+        Laplace mechanism the public normaliser ``D_i`` (the divisor and the scale's).
     step_noise_multiplier
         ``z`` of the per-step noise ``N(0, (z C)^2)`` on the clipped sum (0 with upload noise).
     target_noise_multiplier
@@ -119,6 +124,62 @@ def laplace_replies(cfg: ExperimentConfig) -> int:
     ``b = clients_per_round`` (default all) of ``N = devices`` reply, round robin."""
     b = cfg.clients_per_round or cfg.devices
     return -(-b * cfg.rounds // cfg.devices)
+
+
+def check_delta_bound(cfg: ExperimentConfig, dataset_sizes: Sequence[int]) -> dict[str, Any]:
+    """Refuse ``delta >= 1 / n`` before any work, ``n`` the size of the protected data set.
+
+    A mechanism that publishes each of ``n`` individuals' data whole with probability
+    ``delta`` is ``(0, delta)``-DP; at ``delta >= 1 / n`` it publishes about ``delta n >= 1``
+    of them, so such a delta promises nothing. ``n`` depends on the unit: ``record``: the
+    smallest device's record count ``min D_i`` (each device's records form the data set its
+    guarantee is about); ``device``: the device population ``N = devices`` (a device's whole
+    data set is one individual). No check without DP (``fedavg``).
+
+    Parameters
+    ----------
+    cfg
+        The run's config (``privacy.delta``, ``privacy.unit``,
+        ``privacy.allow_large_delta``).
+    dataset_sizes
+        ``D_i`` per device (records), shape ``(devices,)``, as partitioned.
+
+    Returns
+    -------
+    dict
+        ``{}`` when ``delta < 1 / n``; with ``privacy.allow_large_delta`` and ``delta >= 1 /
+        n``, the keys the summary's privacy section repeats: ``delta_exceeds_1_over_D``
+        (``True``), ``delta_bound_n`` (``n``), ``delta_bound_unit`` and ``delta_note``.
+
+    Raises
+    ------
+    ConfigError
+        ``delta >= 1 / n`` without ``privacy.allow_large_delta``, naming ``privacy.delta``.
+    """
+    if cfg.scheme == "fedavg":
+        return {}
+    pc = cfg.privacy
+    sizes = [int(v) for v in dataset_sizes if int(v) > 0]
+    if pc.unit == "record":
+        if not sizes:
+            return {}
+        n, what = min(sizes), "records on the smallest device (min D_i)"
+    else:
+        n, what = int(cfg.devices), "devices (the device unit's data set is the population)"
+    if pc.delta < 1.0 / n:
+        return {}
+    note = (f"privacy.delta={pc.delta:g} >= 1/n = {1.0 / n:.4g} with n = {n} {what}: a "
+            "mechanism publishing each individual's data with probability delta meets such "
+            "a guarantee, so the (epsilon, delta) figures of this run promise little")
+    if not pc.allow_large_delta:
+        raise ConfigError(
+            f"config key 'privacy.delta': got {pc.delta:g}; unit {pc.unit}: n = {n} {what}, "
+            f"so delta must be < 1/n = {1.0 / n:.4g} (customarily <= 1/(10 n) or smaller). "
+            "Allowed: a delta below that, or privacy.allow_large_delta=true to run anyway "
+            "(the summary then says so)"
+        )
+    return {"delta_exceeds_1_over_D": True, "delta_bound_n": n,
+            "delta_bound_unit": pc.unit, "delta_note": note}
 
 
 def step_sigma(rs: RecordSettings) -> float:

@@ -63,7 +63,7 @@ from testbed.outcome import exit_code, trust_statement
 from testbed.parallel_training import TrainingPool, resolve_workers
 from testbed.peer_accounting import peer_report
 from testbed.protocol import UploadHeader
-from testbed.record_schemes import RecordSettings, resolve_record_uplinks
+from testbed.record_schemes import RecordSettings, check_delta_bound, resolve_record_uplinks
 from testbed.recovery import directory_is_pristine, resume_point
 from testbed.rundir import RunDir, RunDirError
 from testbed.schemes import DeviceUplink, resolve_uplinks
@@ -242,6 +242,8 @@ class Experiment:
         self.d = n_params(self.model)
         #: ``"record"`` or ``"device"`` for a DP scheme, ``None`` without DP.
         self.unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
+        #: ``{}``, or the summary's note on a delta >= 1/min D_i allowed by the config
+        self.delta_bound = check_delta_bound(cfg, dataset_sizes)  # refuses it otherwise
         self.uplinks, record = device_settings(cfg, hw, self.d, dataset_sizes)
         self.record: list[RecordSettings] = [r for r in record if r is not None]
         self.run_secret = (rundir.path / "run_secret").read_text().strip()
@@ -853,6 +855,7 @@ class Experiment:
                 "epsilon_target": self.cfg.privacy.epsilon if self.book is not None else None,
                 "delta": self.cfg.privacy.delta,
                 "enforced_accounting": self.cfg.privacy.enforced if self.unit else None,
+                **self.delta_bound,
                 "trust": trust_statement(self.cfg, self.unit),
                 "devices": devices,
                 **(

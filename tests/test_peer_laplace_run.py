@@ -85,7 +85,7 @@ def test_laplace_noise_has_the_scale() -> None:
     s = 0.25
     draws = np.concatenate([
         trainer.train_laplace(np.zeros(40, np.float32), lr=0.1, example_clip=1.0,
-                              laplace_scale=s).differential
+                              laplace_scale=s, normaliser=5).differential
         for _ in range(2500)
     ])  # 1e5 samples
     assert draws.size == 100_000

@@ -97,7 +97,24 @@ class PrivacyConfig(_Strict):
     """Privacy targets and artificial noise."""
 
     epsilon: float = Field(5.0, gt=0, description="per-device target epsilon (finite)")
-    delta: float = Field(1e-5, gt=0, lt=1)
+    delta: float = Field(
+        1e-5,
+        gt=0,
+        lt=1,
+        description=(
+            "delta of (epsilon, delta)-DP; must be < 1/n, n = min D_i (record unit: the "
+            "smallest device's records) or n = devices (device unit), unless "
+            "allow_large_delta"
+        ),
+    )
+    allow_large_delta: bool = Field(
+        False,
+        description=(
+            "run although delta >= 1/n (see delta): the summary's privacy section then says "
+            "so (delta_exceeds_1_over_D: true and a sentence); otherwise such a delta is "
+            "refused before the first round"
+        ),
+    )
     accounting: Literal["paper", "strict"] = Field(
         "strict", description="accounting that enforces the budget; both are reported"
     )

@@ -6,7 +6,11 @@ PUSH/PULL (:mod:`radio.zmq_stream`) and parameters over XML-RPC. Per upload the 
 the device's noise voltage (``sqrt(N0)`` per sample, see :mod:`radio.waveform_channel`) and
 frequency offset, prepends a random delay, streams the frame, and demodulates what comes
 back. The channel noise comes from GNU Radio's generator (``noise_seed``), so a run is
-reproducible only as a whole sequence of uploads.
+reproducible only as a whole sequence of uploads. That noise is ``channel_model``'s fast
+noise source, a table of samples pre-drawn from ``noise_seed`` and replayed: anyone with the
+run directory can regenerate it, so it is not secret (:attr:`GnuradioLink.noise_is_secret`
+is ``False``) and a run over this link credits no channel noise until the flowgraph draws
+true Gaussian noise from a secret source.
 
 A frame that is not found, or an upload only partly back in time, is a lost upload
 (:class:`~radio.link.LinkError`); a flowgraph that failed to start, exited, or whose output
@@ -134,6 +138,11 @@ class GnuradioLink(FrameLink):
             # KeyboardInterrupt during start-up included: no process or socket survives.
             self.close()
             raise
+
+    @property
+    def noise_is_secret(self) -> bool:
+        """``False``: GNU Radio's seeded fast noise table is never credited."""
+        return False
 
     def _set(self, method: str, value: float) -> None:
         assert self.process is not None

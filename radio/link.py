@@ -165,6 +165,15 @@ class Link(ABC):
     #: be checked against a probed state; otherwise no channel noise is credited beforehand.
     exact_state: bool = False
 
+    @property
+    def noise_is_secret(self) -> bool:
+        """``True`` when the receiver's additive noise cannot be regenerated from anything a
+        run stores: physical receiver noise, or simulated noise from the OS CSPRNG
+        (:mod:`radio.channel_noise`). Noise from a seeded generator (the channel generator,
+        GNU Radio's seeded noise table) is not secret, and a run credits no channel noise
+        over such a link (:mod:`testbed.channel_credit`). Default ``False``."""
+        return False
+
     @abstractmethod
     def transmit(
         self,
@@ -186,8 +195,10 @@ class Link(ABC):
             ``complex128``, shape ``(n_symbols,)``, already scaled by the device's power
             scaling ``alpha`` (symbol-power units).
         rng
-            Generator for the *channel* (fading, channel noise) of this device and round,
-            spawned from the experiment seed. Never used for privacy noise.
+            Generator for the *channel* of this device and round (fading, offsets), spawned
+            from the experiment seed. The additive noise is drawn from it only on a link
+            whose noise is not secret (:attr:`noise_is_secret`), and is then never credited;
+            a secret link draws its noise elsewhere. Never used for privacy noise.
 
         Raises
         ------

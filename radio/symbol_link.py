@@ -1,4 +1,9 @@
-"""The ``symbol`` link: in-process ``y = h x + n`` per analog symbol."""
+"""The ``symbol`` link: in-process ``y = h x + n`` per analog symbol.
+
+The state (``h``, ``N0``) is drawn from the upload's channel generator; the noise ``n`` from
+the link's :class:`~radio.channel_noise.ChannelNoise` source (seeded by default; the testbed
+gives a link whose noise it credits the OS CSPRNG's).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radio.channel import Fading, awgn, draw_block_gains, expand_blocks, n_blocks_for
+from radio.channel import Fading, draw_block_gains, expand_blocks, n_blocks_for
+from radio.channel_noise import SEEDED, ChannelNoise
 from radio.link import ChannelState, Link, Reception, check_upload
 from radio.units import noise_var_from_snr_db
 
@@ -60,26 +66,48 @@ class ChannelParams:
         return ChannelState.known(gain, self.noise_var(device))
 
 
-def apply_channel(symbols: np.ndarray, state: ChannelState, rng: np.random.Generator) -> np.ndarray:
-    """``y = h x + n`` with the state's gain and noise, shape as ``symbols``."""
+def apply_channel(
+    symbols: np.ndarray,
+    state: ChannelState,
+    rng: np.random.Generator,
+    noise: ChannelNoise = SEEDED,
+) -> np.ndarray:
+    """``y = h x + n`` with the state's gain and noise, shape as ``symbols``.
+
+    ``n ~ CN(0, state.noise_var)`` comes from ``noise`` (default: from ``rng``).
+    """
     x = np.asarray(symbols, dtype=np.complex128)
     if x.shape != state.gain.shape:
         raise ValueError(f"symbols shape {x.shape} != channel gain shape {state.gain.shape}")
     y = state.gain * x
     if state.noise_var > 0:
-        y = y + awgn(x.size, state.noise_var, rng)
+        y = y + noise.complex_normal(x.size, state.noise_var, rng)
     return y
 
 
 class SymbolLink(Link):
-    """In-process symbol-level channel; the receiver knows h and N0 exactly."""
+    """In-process symbol-level channel; the receiver knows h and N0 exactly.
+
+    Parameters
+    ----------
+    params
+        Per-device SNR, fading and coherence.
+    noise
+        Source of the additive noise; default: the upload's channel generator (seeded, not
+        secret).
+    """
 
     name = "symbol"
     exact_state = True
 
-    def __init__(self, params: ChannelParams) -> None:
+    def __init__(self, params: ChannelParams, noise: ChannelNoise = SEEDED) -> None:
         self.params = params
+        self.noise = noise
         self._probed: dict[tuple[int, int], ChannelState] = {}
+
+    @property
+    def noise_is_secret(self) -> bool:
+        return self.noise.secret
 
     def probe(
         self, *, device: int, round_index: int, n_symbols: int, rng: np.random.Generator
@@ -100,7 +128,7 @@ class SymbolLink(Link):
         state = self._probed.pop((device, round_index), None)
         if state is None or state.gain.size != x.size:
             state = self.params.draw_state(device, x.size, rng)
-        y = apply_channel(x, state, rng)
+        y = apply_channel(x, state, rng, self.noise)
         return Reception(
             symbols=y,
             state=state,

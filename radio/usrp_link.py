@@ -82,6 +82,11 @@ class UsrpLink(FrameLink):
 
     name = "usrp"
 
+    @property
+    def noise_is_secret(self) -> bool:
+        """``True``: the receiver's own thermal noise, drawn by no generator."""
+        return True
+
     def __init__(
         self,
         waveform: WaveformParams,

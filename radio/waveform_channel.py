@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radio.channel import Fading, draw_block_gains
+from radio.channel_noise import SEEDED, ChannelNoise
 from radio.fading import clarke_gains, doppler_hz
 from radio.pulse import sample_line
 
@@ -208,6 +209,7 @@ def emulate(
     noise_var: float,
     sample_rate_hz: float,
     rng: np.random.Generator,
+    noise: ChannelNoise = SEEDED,
 ) -> tuple[np.ndarray, EmulatedTruth]:
     """Pass transmitted samples through the emulated channel.
 
@@ -220,7 +222,10 @@ def emulate(
     sample_rate_hz
         Sample rate (Hz).
     rng
-        Channel generator: fading, offsets and noise.
+        Channel generator: fading and offsets (and the noise when ``noise`` is seeded).
+    noise
+        Source of the white noise; default: ``rng`` (seeded, the same draws as always). A
+        secret source leaves ``rng`` to the fading and offsets.
 
     Returns
     -------
@@ -239,7 +244,7 @@ def emulate(
     # Noise first, generated into the receive buffer (single precision).
     rx = np.empty(n_rx, dtype=np.complex64)
     if noise_var > 0:
-        complex_gaussian(rx, noise_var, rng)
+        noise.fill(rx, noise_var, rng)
     else:
         rx.view(np.float32)[:] = 0.0
     faded = params.fading != "none"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radio.channel_noise import SEEDED, ChannelNoise
 from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams
 from radio.link import LinkError, Reception
@@ -32,7 +33,11 @@ class WaveformLink(FrameLink):
         Impairments (Doppler, offsets). Its ``fading`` and ``rician_k_db`` are taken from
         ``channel``; its ``coherence_samples`` from ``channel.coherence_symbols``.
     replay_dir
-        Receive from SigMF recordings there instead of emulating.
+        Receive from SigMF recordings there instead of emulating (the recorded noise is
+        then fixed in a file: not secret).
+    noise
+        Source of the emulator's white noise; default: the upload's channel generator
+        (seeded, not secret).
     **kwargs
         Passed to :class:`~radio.frame_link.FrameLink` (``confidence``, ``record_dir``, ...).
     """
@@ -46,10 +51,12 @@ class WaveformLink(FrameLink):
         emulator: EmulatorParams | None = None,
         *,
         replay_dir: Path | None = None,
+        noise: ChannelNoise = SEEDED,
         **kwargs: object,
     ) -> None:
         super().__init__(waveform, **kwargs)  # type: ignore[arg-type]
         self.channel = channel
+        self.noise = noise
         coherence = (
             None
             if channel.coherence_symbols is None
@@ -66,13 +73,19 @@ class WaveformLink(FrameLink):
         if self.replay_dir is not None and not self.replay_dir.is_dir():
             raise ValueError(f"replay_dir: '{self.replay_dir}' is not a directory")
 
+    @property
+    def noise_is_secret(self) -> bool:
+        return self.replay_dir is None and self.noise.secret
+
     def _carry(
         self, samples: np.ndarray, *, device: int, round_index: int, rng: np.random.Generator
     ) -> Carried:
         if not 0 <= device < len(self.channel.snr_db):
             raise ValueError(f"device {device} outside [0, {len(self.channel.snr_db)})")
         n0 = self.channel.noise_var(device)
-        rx, truth = emulate(samples, self.emulator, n0, self.waveform.sample_rate_hz, rng)
+        rx, truth = emulate(
+            samples, self.emulator, n0, self.waveform.sample_rate_hz, rng, self.noise
+        )
         info = {
             "noise_var_true": truth.noise_var,
             "cfo_true_hz": truth.cfo_hz,

@@ -105,6 +105,11 @@ def make_link(
         ``tx.log``, ``rx.log``; kept, e.g. the run directory). ``None``: anonymous
         temporary files that are gone once the link is closed. Ignored by in-process links.
 
+    The simulated links (``symbol``, ``waveform``) draw their additive noise from the OS
+    CSPRNG when the run credits channel noise, else from the seeded channel generator
+    (:func:`testbed.channel_credit.noise_source`); the link's ``noise_is_secret`` is checked
+    against :func:`testbed.channel_credit.link_noise`, which the credit rule reads.
+
     Raises
     ------
     ConfigError
@@ -113,10 +118,29 @@ def make_link(
         The link could not be started (flowgraph start-up failed, no USRP found); the
         message says why. Nothing the attempt started is left running.
     """
+    from testbed.channel_credit import link_noise
+
+    link = _build_link(exp, hw, record_dir, log_dir)
+    expected = link_noise(exp, hw).secret
+    if link.noise_is_secret != expected:
+        link.close()
+        raise RuntimeError(
+            f"link '{link.name}': noise_is_secret is {link.noise_is_secret}, the credit rule "
+            f"assumed {expected} (testbed.channel_credit.link_noise)"
+        )
+    return link
+
+
+def _build_link(
+    exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None, log_dir: Path | None
+) -> Link:
+    """The link of :func:`make_link`, before its noise is checked."""
+    from testbed.channel_credit import noise_source
+
     name = link_name(exp, hw)
     check_link_config(exp, hw, record=record_dir is not None or exp.record)
     if name == "symbol":
-        return SymbolLink(channel_params(exp, hw))
+        return SymbolLink(channel_params(exp, hw), noise_source(exp))
     confidence = exp.n0_confidence()
     if name == "waveform":
         from radio.waveform_link import WaveformLink
@@ -124,7 +148,7 @@ def make_link(
         return WaveformLink(
             channel_params(exp, hw), waveform_params(hw), emulator_params(hw),
             confidence=confidence, record_dir=record_dir, center_freq_hz=hw.center_freq_hz,
-            hw_name=hw.name,
+            hw_name=hw.name, noise=noise_source(exp),
         )
     if name == "gnuradio":
         from radio.gnuradio_link import GnuradioLink

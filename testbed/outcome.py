@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.config.experiment import ExperimentConfig
+from testbed.config.hardware import HardwareConfig
+
+if TYPE_CHECKING:
+    from testbed.schemes import DeviceUplink
 
 #: Every way a run can end (``summary.json`` ``status``).
 OUTCOMES = ("completed", "budget_exhausted", "diverged", "link_failed", "interrupted", "failed")
@@ -49,25 +54,50 @@ def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
     return text + f" -> {run_dir}"
 
 
-def trust_statement(cfg: ExperimentConfig, unit: str | None) -> str | None:
-    """Who the guarantee holds against, in words (for the summary)."""
+def trust_fields(
+    cfg: ExperimentConfig,
+    hw: HardwareConfig,
+    unit: str | None,
+    uplinks: Sequence[DeviceUplink],
+) -> dict[str, Any]:
+    """The summary's ``privacy.trust`` (:func:`trust_statement`) and, for a private run,
+    ``privacy.channel_noise`` (:func:`testbed.channel_credit.channel_noise_report`)."""
     if unit is None:
-        return None
-    from testbed.schemes import SCHEMES
+        return {"trust": None}
+    from testbed.channel_credit import channel_noise_report
 
-    # A scheme that credits no channel noise (ldp-fedavg, s-dp-fl, the peers, and every
-    # upload on the control plane) says so, whatever privacy.trusted_channel_noise holds.
-    credit = cfg.privacy.trusted_channel_noise if SCHEMES[cfg.scheme].credit_channel else 0.0
-    who = (
-        "against the aggregator and anyone receiving the uploads; noise is added on each "
-        "device (local model), "
-    )
-    if credit > 0:
-        who += (
-            f"{credit:g} of the channel noise at the aggregator's receiver is credited where "
-            "it adds linearly, which does not protect against an eavesdropper with a better "
-            "channel (see epsilon_no_channel)"
+    channel = channel_noise_report(cfg, hw, uplinks)
+    return {"trust": trust_statement(channel, unit), "channel_noise": channel}
+
+
+def trust_statement(channel: dict[str, Any], unit: str) -> str:
+    """Who the guarantee holds against and under what assumption, in words (once).
+
+    Parameters
+    ----------
+    channel
+        The summary's ``privacy.channel_noise``: ``credited_fraction``, ``source`` and
+        ``reason`` (why nothing is credited).
+    unit
+        ``record`` or ``device`` (only the record unit reports ``epsilon_no_channel``).
+    """
+    local = "Local model: each device adds its artificial noise before its upload leaves it"
+    credited = float(channel["credited_fraction"])
+    if credited <= 0:
+        return (
+            f"{local}, so epsilon holds against the aggregator and anyone who receives the "
+            f"uploads, eavesdroppers included. No channel noise is credited: "
+            f"{channel['reason']}."
         )
-    else:
-        who += "no channel noise credited"
-    return who
+    no_channel = (
+        "epsilon_no_channel"
+        if unit == "record"
+        else "not reported at the device unit; `testbed privacy --trusted 0` computes it"
+    )
+    return (
+        f"{local}. The enforced epsilon also credits {credited:g} of the channel noise the "
+        f"aggregator's receiver adds ({channel['source']}): it holds against the aggregator, "
+        "assuming it does not learn that noise. It does not hold against an eavesdropper "
+        "with a better channel, nor anyone who knows the channel noise: against them only "
+        f"the artificial noise counts ({no_channel})."
+    )

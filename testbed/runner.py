@@ -41,6 +41,7 @@ from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed import __version__
 from testbed.blas_threads import limit_blas_threads
+from testbed.channel_credit import channel_noise_source, credited_config, settle_record_credit
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import ConfigError, dump_yaml, load_experiment, load_hardware
@@ -59,7 +60,7 @@ from testbed.interrupts import StopSignals
 from testbed.links import check_link_config, link_name, make_link
 from testbed.masks import sparsify_mask
 from testbed.models import build_model, get_flat, n_params
-from testbed.outcome import exit_code, trust_statement
+from testbed.outcome import exit_code, trust_fields
 from testbed.parallel_training import TrainingPool, resolve_workers
 from testbed.peer_accounting import peer_report
 from testbed.protocol import UploadHeader
@@ -136,6 +137,7 @@ def device_settings(
     distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
     one calibration, not 10,000. A plan lists every device and is read as it is.
     """
+    cfg = credited_config(cfg, hw)  # seeded channel noise is never credited
     unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
     n = len(dataset_sizes)
     snrs = cfg.snr_db_per_device()
@@ -146,7 +148,7 @@ def device_settings(
     chosen = list(first.values()) if cfg.plan is None else list(range(n))
     pairs: list[tuple[DeviceUplink, RecordSettings | None]]
     if unit == "record":
-        pairs = list(resolve_record_uplinks(cfg, hw, d, dataset_sizes, devices=chosen))
+        pairs = settle_record_credit(resolve_record_uplinks(cfg, hw, d, dataset_sizes, chosen))
     else:
         pairs = [(up, None) for up in resolve_uplinks(cfg, hw, d, devices=chosen)]
     if cfg.plan is not None:
@@ -856,7 +858,7 @@ class Experiment:
                 "delta": self.cfg.privacy.delta,
                 "enforced_accounting": self.cfg.privacy.enforced if self.unit else None,
                 **self.delta_bound,
-                "trust": trust_statement(self.cfg, self.unit),
+                **trust_fields(self.cfg, self.hw, self.unit, self.uplinks),
                 "devices": devices,
                 **(
                     {"population": self.cfg.devices, "devices_never_asked":
@@ -948,12 +950,7 @@ def _write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -
             if cfg.clients_per_round is not None
             else "none: every device every round"
         ),
-        "channel_noise_source": (
-            "physical receiver noise"
-            if link_name(cfg, hw) == "usrp"
-            else "simulated from the seeded channel model: the credited channel noise is "
-            "reproducible by whoever knows the seed, so its credit assumes the seed is secret"
-        ),
+        "channel_noise_source": channel_noise_source(cfg, hw),
     }
     rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")
 

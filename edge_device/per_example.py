@@ -1,10 +1,20 @@
 """Per-example clipped gradient sums for record-level DP-SGD.
 
 :class:`ClippedGradientSum` computes, for a batch of ``b`` examples,
-``sum_i g_i * min(1, C / (||g_i||_2 + 1e-6))`` where ``g_i`` is the gradient of example
-``i``'s cross-entropy loss over *all* model parameters (flattened in ``model.parameters()``
-order, as :func:`testbed.models.get_flat`). The ``1e-6`` margin (Opacus' convention) keeps
-each clipped contribution at or below ``C`` despite float32 rounding of the norm.
+``sum_i f_i g_i`` where ``g_i`` is the gradient of example ``i``'s cross-entropy loss over
+*all* model parameters (flattened in ``model.parameters()`` order, as
+:func:`testbed.models.get_flat`) and ``f_i`` its clip factor (:func:`clip_factors`).
+
+Clipping that provably stays at or below ``C`` in float32: ``f_i = min(1, C (1 - 2^-20) /
+(n_i + 1e-6))`` is computed in float64 from the norm ``n_i`` of the float32 gradient taken in
+float64 (squares or absolute values exact, sum within ``d 2^-53`` relative), then rounded
+*toward zero* to float32. Each scaled coordinate ``fl32(f_i g_ij)`` (or, for a linear layer,
+``fl32(fl32(f_i go_o) a_k)``) is within ``(1 + 2^-24)^2`` of the exact product, so
+``||clip(g_i)|| <= C (1 - 2^-20)(1 + 2^-24)^2 / (1 - d 2^-53) < C`` for ``d < 2^28`` in
+both the l2 and the l1 norm: the clip is ``C`` shrunk by eight float32 ulps (``2^-20``
+relative, about 1e-6) and the accounting uses ``C``. Opacus' ``C / (||g|| + 1e-6)`` in float32
+overshoots ``C`` by up to about 3.5e-7 relative (measured). The sum over a batch is rounded
+again; that rounding is not part of any one example's contribution.
 
 Two backends:
 
@@ -51,11 +61,9 @@ With sampling and noise on top, ``vmap`` or Opacus would put a record-level roun
 MNIST CNN at or past the issue's limit (at most 2x a non-private round); both generic tools
 also pay a fixed per-call overhead that dominates small models.
 
-``norm=1`` clips in the l1 norm instead (004's Laplace mechanism): ``sum_i g_i min(1, C /
-(||g_i||_1 (1 + 1e-6) + 1e-6))``. The l1 norms are summed in float64 and the margin is
-relative as well as absolute, because an l1 norm is up to ``sqrt(d)`` times the l2 norm and
-its clip (004's ``xi_1 = 300``) is large. Both backends support it (``layers``: for a
-linear layer on ``(b, in)`` inputs ``||go_i a_i^T||_1 = ||go_i||_1 ||a_i||_1``).
+``norm=1`` clips in the l1 norm instead (004's Laplace mechanism), with the same factor from
+the l1 norm. Both backends support it (``layers``: for a linear layer on ``(b, in)`` inputs
+``||go_i a_i^T||_1 = ||go_i||_1 ||a_i||_1``).
 
 Models with batch normalisation are refused: a BatchNorm layer in training mode mixes the
 examples of a batch, so a per-example gradient (and hence a per-record sensitivity) does
@@ -75,10 +83,11 @@ from torch.func import functional_call, grad_and_value, vmap
 Backend = Literal["auto", "layers", "vmap"]
 BACKENDS: tuple[str, ...] = ("auto", "layers", "vmap")
 
-#: Added to each per-example norm before dividing (float32 rounding margin, as Opacus).
+#: Added to each per-example norm before dividing (as Opacus; keeps a zero norm finite).
 NORM_MARGIN = 1e-6
-#: Relative margin on an l1 norm (float32 rounding of up to ``d`` scaled coordinates).
-L1_RELATIVE_MARGIN = 1e-6
+#: Relative shrink of every clip factor: eight float32 ulps, ``2^-20`` (see the module
+#: docstring: covers the norm's float64 error and two float32 roundings of the product).
+CLIP_SHRINK = 2.0**-20
 #: The norm per-example gradients are clipped in.
 Norm = Literal[1, 2]
 
@@ -230,8 +239,8 @@ class ClippedGradientSum:
         Returns
         -------
         total
-            ``float32``, ``(d,)``: ``sum_i g_i min(1, C / (||g_i|| + 1e-6))`` (l1: see the
-            module docstring for the margin).
+            ``float32``, ``(d,)``: ``sum_i f_i g_i`` with :func:`clip_factors`' ``f_i``, so
+            each example's scaled gradient has norm ``< C`` in float32.
         norms
             ``float32``, ``(b,)``: the unclipped per-example norms ``||g_i||_2`` (or
             ``||g_i||_1``).
@@ -276,11 +285,11 @@ class ClippedGradientSum:
         gouts = torch.autograd.grad(losses.sum(), [seen[m][1] for m in used], allow_unused=True)
         b = x.shape[0]
         l1 = norm == 1
-        # l2: sum of squares (float32, as before); l1: sum of absolute values (float64)
-        sq = torch.zeros(b, dtype=torch.float64 if l1 else torch.float32)
+        # l2: sum of squares; l1: sum of absolute values; both in float64 (clip_factors)
+        sq = torch.zeros(b, dtype=torch.float64)
 
         def size(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-            return t.double().abs().sum(dims) if l1 else t.square().sum(dims)
+            return t.double().abs().sum(dims) if l1 else t.double().square().sum(dims)
 
         parts: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         for module, go in zip(used, gouts, strict=True):
@@ -305,7 +314,8 @@ class ClippedGradientSum:
                 if module.bias is not None:
                     sq += size(gb, (1,))
                 parts.append((module, gw, gb))
-        norms, factor = _clip_factors(sq if l1 else sq.sqrt(), clip, norm)
+        norms64 = sq if l1 else sq.sqrt()
+        norms, factor = norms64.float(), clip_factors(norms64, clip)
         grads: dict[torch.Tensor, torch.Tensor] = {}
         for module, first, second in parts:
             weight, bias = module.weight, module.bias  # type: ignore[union-attr]
@@ -348,23 +358,50 @@ class ClippedGradientSum:
         per, losses = self._vmap_fn(params, buffers, x, y)
         b = x.shape[0]
         flat = torch.cat([per[k].reshape(b, -1) for k in params], dim=1)  # (b, d)
-        if norm == 1:
-            norms, factor = _clip_factors(flat.double().abs().sum(1), clip, 1)
-        else:
-            norms, factor = _clip_factors(torch.linalg.vector_norm(flat, dim=1), clip, 2)
-        return factor @ flat, norms, losses.detach()
+        norms64 = per_example_norms(flat, norm)
+        return clip_factors(norms64, clip) @ flat, norms64.float(), losses.detach()
 
 
-def _clip_factors(
-    norms: torch.Tensor, clip: float, norm: Norm
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(norms, factors)`` in float32: ``min(1, C / (n + margin))`` per example.
+def per_example_norms(flat: torch.Tensor, norm: Norm = 2) -> torch.Tensor:
+    """Per-example norms of float32 gradients, computed in float64.
 
-    l2 (``norms`` float32): the absolute margin :data:`NORM_MARGIN`, as always. l1 (``norms``
-    float64): the factor is computed in float64 with a relative margin
-    :data:`L1_RELATIVE_MARGIN` too, so float32 rounding of ``factor * g`` stays below ``C``.
+    Parameters
+    ----------
+    flat
+        ``float32``, ``(b, d)``: one gradient per row.
+    norm
+        ``2`` or ``1``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``float64``, ``(b,)``: ``||g_i||_2`` or ``||g_i||_1``, within ``d 2^-53`` relative of
+        the exact norm of the float32 row (squares and absolute values are exact in float64).
     """
-    if norm == 1:
-        factor = (clip / (norms * (1.0 + L1_RELATIVE_MARGIN) + NORM_MARGIN)).clamp(max=1.0)
-        return norms.float(), factor.float()
-    return norms, (clip / (norms + NORM_MARGIN)).clamp(max=1.0)
+    wide = flat.double()
+    return wide.abs().sum(1) if norm == 1 else wide.square().sum(1).sqrt()
+
+
+def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """Clip factors that keep every scaled float32 gradient at or below ``C``.
+
+    Parameters
+    ----------
+    norms
+        ``(b,)`` per-example norms (any float dtype; computed as :func:`per_example_norms`
+        does for the guarantee), in the units of ``clip``.
+    clip
+        ``C > 0``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``float32``, ``(b,)``: ``min(1, C (1 - 2^-20) / (n_i + 1e-6))`` computed in float64
+        and rounded toward zero, so ``f_i <=`` the float64 value. With ``n_i`` within
+        ``d 2^-53`` of ``||g_i||`` the scaled row ``fl32(f_i g_i)`` has norm ``< C`` (module
+        docstring). An infinite norm gives 0; a NaN norm gives NaN.
+    """
+    wide = (clip * (1.0 - CLIP_SHRINK) / (norms.double() + NORM_MARGIN)).clamp(max=1.0)
+    narrow = wide.float()
+    above = narrow.double() > wide
+    return torch.where(above, torch.nextafter(narrow, torch.zeros_like(narrow)), narrow)

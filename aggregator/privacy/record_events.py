@@ -200,9 +200,12 @@ class LaplaceRecordEvent(JsonEvent):
     A new meaning, so a new type (``TYPE = "record-laplace/v1"``): the device releases
     ``v = (sum over all its records of the l1-clipped per-example gradient) / D + Lap(0, s)``
     per coordinate, with no sampling. ``D = dataset_size`` is the mechanism's public
-    normalizer (a constant, as ``expected_batch`` is for :class:`RecordEvent`), so adding or
-    removing one record moves the clipped sum by at most ``xi_1`` in l1 and ``v`` by at most
-    ``Delta_1 = xi_1 / D``; replace-one moves it by ``2 xi_1 / D`` (004's Theorem 1). The
+    normalizer (a constant, as ``expected_batch`` is for :class:`RecordEvent`): the device's
+    shard size as partitioned, fixed before the first round, and the divisor whatever the
+    number of records the step sees. So adding or removing one record moves the clipped sum
+    by at most ``xi_1`` in l1 and ``v`` by at most ``Delta_1 = xi_1 / D``; replace-one moves it
+    by ``2 xi_1 / D`` (004's Theorem 1). (A divisor equal to the realized size would move
+    ``v`` by up to ``2 xi_1 / (D + 1)`` under add/remove; docs/privacy.md.) The
     event is pure ``(1 / b, 0)``-DP under add/remove with ``b = s / Delta_1``
     (:attr:`noise_multiplier`). No channel noise is credited (the channel's Gaussian noise
     on a Laplace value is not composed here).
@@ -217,7 +220,8 @@ class LaplaceRecordEvent(JsonEvent):
     example_clip
         ``xi_1 > 0``: l1 bound on each per-example gradient (gradient units).
     dataset_size
-        ``D >= 1``: the device's records, all in the step, and the normalizer.
+        ``D >= 1``: the public normalizer (records), the device's shard size as partitioned
+        before the run; all the device's records are in the step.
     relation
         ``"add-remove"`` (default) or ``"replace-one"``.
     """

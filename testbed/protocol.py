@@ -166,6 +166,9 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "refuse": {"device": _INT, "round": _INT, "nonce": _STR, "reason": _STR},
     # either way: the run ended (or the edge is going away)
     "leave": {"device": _INT, "reason": _STR},
+    # aggregator -> edge, in answer to anything after the run ended: how it ended and every
+    # upload recorded for the device (as in ``sync``); the edge adopts them and exits
+    "finished": {"device": _INT, "run_id": _STR, "reason": _STR, "events": _LIST},
     # edge -> aggregator: what is your clock? (t_send: the edge's clock when asking, s)
     "clock_req": {"device": _INT, "t_send": _FLOAT},
     # aggregator -> edge: its clock (t_remote, s) when it answered the request t_send
@@ -220,6 +223,7 @@ PAYLOADS: dict[str, str | None] = {
     "ack": None,
     "refuse": None,
     "leave": None,
+    "finished": None,
     "clock_req": None,
     "clock": None,
     "sa_keys": None,
@@ -310,7 +314,7 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
         _check_tx_report(fields["on_air"], fields["tx_report"])
     if msg_type == "ready" and not all(isinstance(n, str) for n in fields["nonces"]):
         raise ProtocolError("ready: nonces must be strings")
-    if msg_type == "sync":
+    if msg_type in ("sync", "finished"):
         for item in fields["events"]:
             if not (
                 isinstance(item, dict)
@@ -318,7 +322,7 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
                 and isinstance(item["nonce"], str)
                 and isinstance(item["event"], dict)
             ):
-                raise ProtocolError("sync: events must be {nonce: str, event: dict} items")
+                raise ProtocolError(f"{msg_type}: events must be {{nonce: str, event: dict}} items")
     if msg_type.startswith("sa_"):
         _check_secagg(msg_type, fields)
 

@@ -71,7 +71,9 @@ def register(sub: Any) -> None:
     p.add_argument("--keys", type=Path, required=True, metavar="DIR",
                    help="aggregator.key, aggregator.key_secret and allowed/ (testbed keys)")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue an interrupted lab run (a finished one: tell the edges that "
+                   "join that it has ended, until all were told or --join-timeout)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
@@ -100,6 +102,7 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from testbed.lab.aggregator import serve
+    from testbed.lab.checks import check_endpoint
     from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
     from testbed.lab.secagg_round import DEFAULT_PHASE_TIMEOUT_S
     from testbed.outcome import outcome_line
@@ -109,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     phase_timeout = args.phase_timeout or DEFAULT_PHASE_TIMEOUT_S
     try:
+        check_endpoint(args.bind, "--bind", bind=True)
         if args.resume is not None:
             if args.config or args.overrides or args.out or args.hw_overrides:
                 raise ConfigError(

@@ -45,8 +45,8 @@ def register(sub: Any) -> None:
             "upload in its slot (on the usrp link: a timed burst on this device's own USRP, "
             "--hw). The device keeps its own ledger in --state-dir and refuses "
             "any upload past its own target (--max-epsilon, default the run's). Exit 0 when "
-            "the aggregator ends the run; 2 on bad input, a missing radio or a transmitter "
-            "that died."
+            "the aggregator ends the run (or had ended it when this edge joined); 2 on bad "
+            "input, a missing radio, a transmitter that died, or no answer at all."
         ),
     )
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT")
@@ -63,11 +63,16 @@ def register(sub: Any) -> None:
                    "trained in under STATE_DIR/updates/ (audits, tests; never sent)")
     p.add_argument("--rejoin-after", type=positive_seconds("--rejoin-after"), default=10.0,
                    help="seconds of silence after which the edge says hello again")
+    p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,
+                   help="seconds without an answer from the aggregator after which the edge "
+                   "gives up (exit 0 when its state directory holds a run: its open uploads "
+                   "are recorded; exit 2 when it never got in)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from testbed.cli.cmd_aggregator import setup_logging
+    from testbed.lab.checks import check_endpoint, check_state_dir
     from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
     from testbed.lab.edge import EdgeAgent, EdgeError
 
@@ -84,9 +89,11 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"testbed edge: error: {exc}", file=sys.stderr)
                 return 2
         state = args.state_dir or Path("edge-state") / f"device-{args.device_id}"
+        check_endpoint(args.connect, "--connect", bind=False)
+        check_state_dir(state)
         agent = EdgeAgent(args.connect, args.device_id, args.keys, state, data_dir=args.data_dir,
                           hw=hw, max_epsilon=args.max_epsilon, rejoin_after_s=args.rejoin_after,
-                          keep_updates=args.keep_updates)
+                          keep_updates=args.keep_updates, join_timeout_s=args.join_timeout)
         return agent.run()
     except KeyboardInterrupt:
         return 130

@@ -54,6 +54,7 @@ from testbed.config.experiment import SAMPLED_SCHEMES, ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.faults import fault_point
 from testbed.interrupts import StopSignals
+from testbed.lab.resume import ask_again, charged_in_round, lost_entry, settle_again
 from testbed.lab.secagg_round import DEFAULT_PHASE_TIMEOUT_S, EDGE_MESSAGES, LabSecAggRound
 from testbed.lab.secure_socket import CurveServer
 from testbed.lab.usrp_split import (
@@ -326,7 +327,7 @@ class LabAggregator(Experiment):
         if pending is not None:
             nonce, gated = pending
             peer = self.plane.peers[device]
-            if self.book is not None:
+            if self.book is not None and nonce not in self.book.nonces():
                 if nonce in peer.nonces:  # the edge journalled it: it may have gone on air
                     self.book.commit(gated, nonce)
                 else:  # the edge never began it: nothing went on air
@@ -340,11 +341,22 @@ class LabAggregator(Experiment):
         self.sync(device)
 
     def run(self, start_round: int = 0) -> dict[str, Any]:
+        self._first_round = start_round  # a resumed round may hold recorded uploads
+        summary: dict[str, Any] = {}
         try:
-            return super().run(start_round)
+            summary = super().run(start_round)
+            return summary
         finally:
             for i in range(self.cfg.devices):
-                self.plane.send(i, "leave", {"reason": "run ended"})
+                self.plane.send(i, "leave", {
+                    "reason": f"run ended ({summary.get('status', 'stopped')})"})
+
+    def _charged(self, t: int, kept: set[int]) -> dict[int, tuple[str, Any]]:
+        """The first round after a restart: devices already charged for it, not in ``kept``
+        (:func:`testbed.lab.resume.charged_in_round`); ``{}`` in every other round."""
+        if t != getattr(self, "_first_round", None):
+            return {}
+        return charged_in_round(self.book, t, kept)
 
     def _open_link(self, record_dir: Path | None) -> Link:
         """Simulated links as in process; on ``usrp`` only the slot receiver (the edges
@@ -485,13 +497,14 @@ class LabAggregator(Experiment):
         timer = StageTimer()
         t0 = time.perf_counter()
         kept = self.rundir.load_inflight(t)
+        charged = self._charged(t, set(kept))
         self._await_edges(t, stop)
-        absent = {i for i in range(cfg.devices) if not self.plane.ready(i)}
+        absent = {i for i in range(cfg.devices) if not self.plane.ready(i)} - set(charged)
         unselected = set(range(cfg.devices)) - self.selected_devices(t)  # 004's round robin
         gated, ch_rngs = timer.timed(
-            "gate", lambda: self._gate(t, link, set(kept) | absent | unselected)
+            "gate", lambda: self._gate(t, link, set(kept) | set(charged) | absent | unselected)
         )
-        if not kept and not absent and all(
+        if not kept and not charged and not absent and all(
             g is None for i, g in enumerate(gated) if i not in unselected
         ):
             return None
@@ -509,6 +522,8 @@ class LabAggregator(Experiment):
                 "slot": k, "deadline_s": float(self.round_timeout_s),
                 "tx_time_s": slots[i].start_s if i in slots else None,
             }, weights)
+        ask_again(self, t, charged)
+        fault_point("lab_after_request")  # journalled and asked, nothing received yet
         answers: dict[int, Message] = {}
         deadline = time.monotonic() + self.round_timeout_s
         receptions: dict[int, Reception | LinkError] = {}
@@ -524,23 +539,27 @@ class LabAggregator(Experiment):
             if i in kept:
                 vec, info = kept[i]
                 tally({**info, "resumed": True}, vec, decoded, losses, per_device)
-            elif i in self._settled:
-                per_device.append(self._settled[i])
+            elif i in self._settled or (i in charged and i not in self._pending):
+                per_device.append(self._settled.get(i) or lost_entry(i, "not connected"))
             elif i not in self._pending:
                 reason = ("not selected" if i in unselected else "absent" if i in absent
                           else "budget")
                 per_device.append({"device": i, "transmitted": False, "skipped": reason})
             else:
                 nonce, event = self._pending[i]
+                got = answers.get(i)
                 with stop.critical():
-                    entry, vec = self._settle(t, i, nonce, event, answers.get(i), link,
-                                              ch_rngs[i], timer, receptions.get(i))
+                    entry, vec = (settle_again(self, t, i, nonce, event, got, link, ch_rngs[i],
+                                               timer) if i in charged else self._settle(
+                        t, i, nonce, event, got, link, ch_rngs[i], timer, receptions.get(i)))
                 tally(entry, vec, decoded, losses, per_device)
         self._pending = {}
         if failure is not None:
             raise failure
         n_avg = cfg.devices - len(unselected) if cfg.scheme in SAMPLED_SCHEMES else None
-        line = self._close_round(t, decoded, losses, per_device, timer, t0, n_avg=n_avg)
+        line = self._close_round(t, decoded or [np.zeros(self.d)], losses, per_device, timer,
+                                 t0, n_avg=n_avg)  # nothing received: the model stays
+        line["uploads"] = len(decoded)
         if slots:
             line["tdma_guard_s"] = next(iter(slots.values())).guard_s
         return line
@@ -554,18 +573,19 @@ class LabAggregator(Experiment):
         t0 = time.perf_counter()
         self._await_edges(t, stop)
         selected = self.selected_devices(t)  # r of n, OS CSPRNG
-        absent = {i for i in selected if not self.plane.ready(i)}
-        gated = {i: self._event(i, t, None) for i in sorted(selected - absent)}
+        charged = self._charged(t, set())
+        absent = {i for i in selected if not self.plane.ready(i)} - set(charged)
+        gated = {i: self._event(i, t, None) for i in sorted(selected - absent - set(charged))}
         asked = {i: e for i, e in gated.items() if self.book is None or self.book.allows(e)}
-        if not absent and not asked:
+        if not absent and not asked and not charged:
             return None
         weights = np.ascontiguousarray(self.w, dtype="<f8").tobytes()
         work = LabSecAggRound(self, t, asked, stop, self.phase_timeout_s)
         outcome = timer.timed("secagg", lambda: work.run(weights))
         per_device: list[dict[str, Any]] = []
         for i in range(cfg.devices):
-            if i in outcome.devices:
-                per_device.append(outcome.devices[i])
+            if i in outcome.devices or i in charged:
+                per_device.append(outcome.devices.get(i) or lost_entry(i, "secure aggregation"))
             else:
                 reason = ("not selected" if i not in selected else "absent" if i in absent
                           else "budget")
@@ -679,14 +699,6 @@ class LabAggregator(Experiment):
         return info, vec
 
 
-def endpoint_note(path: Path | None, endpoint: str) -> None:
-    """Write the bound endpoint (``tcp://127.0.0.1:PORT``) for a launcher to read."""
-    if path is not None:
-        from testbed.rundir import atomic_write_bytes
-
-        atomic_write_bytes(path, (endpoint + "\n").encode())
-
-
 def serve(
     *,
     bind: str,
@@ -720,34 +732,18 @@ def serve(
     """
     import zmq
 
-    from testbed.config.loader import load_experiment, load_hardware
-    from testbed.links import check_link_config
-    from testbed.recovery import resume_point
+    from testbed.lab.checks import check_allow_list
+    from testbed.lab.resume import endpoint_note, open_run, serve_finished
     from testbed.rundir import RunDirError
-    from testbed.runner import _write_metadata
 
-    weights = None
-    if resume_dir is not None:
-        rundir = RunDir.open(resume_dir)
-        try:
-            cfg = load_experiment(rundir.path / "config.yaml")
-            hw = load_hardware(str(rundir.path / "hw_config.yaml"))
-            point = resume_point(rundir, private=cfg.scheme != "fedavg")
-        except BaseException:
-            rundir.close()
-            raise
-        start, weights = point.next_round, point.weights
-    else:
-        assert cfg is not None and hw is not None and out_dir is not None
-        check_link_config(cfg, hw, record=cfg.record)
-        rundir = RunDir.create(out_dir)
-        try:
-            _write_metadata(rundir, cfg, hw)
-        except BaseException:
-            rundir.remove()
-            raise
-        start = 0
-    assert cfg is not None and hw is not None
+    if resume_dir is None and cfg is not None:
+        check_allow_list(keys_dir, cfg.devices)  # before anything is written
+    rundir, cfg, hw, start, weights, finished = open_run(resume_dir, cfg, hw, out_dir)
+    try:
+        check_allow_list(keys_dir, cfg.devices)
+    except BaseException:
+        rundir.close()
+        raise
     welcome = {
         "run_id": rundir.path.name,
         "config_yaml": (rundir.path / "config.yaml").read_text(),
@@ -759,6 +755,10 @@ def serve(
         server = CurveServer(ctx, bind, keys_dir=keys_dir, allowed_dir=keys_dir / "allowed",
                              max_message_bytes=MAX_MESSAGE_BYTES)
         endpoint_note(endpoint_file, server.last_endpoint)
+        if finished is not None:
+            serve_finished(server, rundir, cfg.devices, finished, join_timeout_s)
+            rundir.close()
+            return finished
         log.info("aggregator bound to %s; waiting for %d devices", server.last_endpoint,
                  cfg.devices)
         plane = ControlPlane(server, cfg.devices, welcome, start, clock=clock)

@@ -50,6 +50,7 @@ from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import DeviceRadio, HardwareConfig
 from testbed.device_worker import DeviceWorker, TrainingDiverged
 from testbed.faults import fault_point
+from testbed.lab.edge_end import FINISHED_MARKER, give_up, on_finished, open_edge_book, record_end
 from testbed.lab.secagg_edge import SESSION_ERRORS, EdgeSecAgg
 from testbed.lab.secure_socket import CurveClient
 from testbed.protocol import Message, ProtocolError, decode, encode
@@ -105,6 +106,8 @@ class EdgeAgent:
         Its own privacy target; the ledger enforces ``min(max_epsilon, run target)``.
     rejoin_after_s
         Silence after which it says ``hello`` again.
+    join_timeout_s
+        Silence after which it gives up (:mod:`testbed.lab.edge_end`).
     air_factory
         Opens the transmitter on the ``usrp`` link (default :func:`open_transmitter`; tests
         inject one with a stand-in stream).
@@ -133,6 +136,7 @@ class EdgeAgent:
         clock: Callable[[], float] = time.time,
         clock_timeout_s: float = CLOCK_REPLY_TIMEOUT_S,
         keep_updates: bool = False,
+        join_timeout_s: float = 600.0,
     ) -> None:
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"--max-epsilon: got {max_epsilon}; allowed: a finite value > 0")
@@ -144,12 +148,20 @@ class EdgeAgent:
         self.hw_override = hw
         self.max_epsilon = max_epsilon
         self.rejoin_after_s = rejoin_after_s
+        #: Silence (s) after which the edge gives up (:func:`testbed.lab.edge_end.give_up`).
+        self.join_timeout_s = join_timeout_s
+        self.run_id: str | None = None
         self.instance = secrets.token_hex(8)
         self.config_yaml: str | None = None
         self.book: PrivacyBook | None = None
         self.worker: DeviceWorker | None = None
         self.pending: dict[str, Any] = {}  # nonce -> event journalled, not yet acked
         self.withdrawn: set[str] = set()  # nonces refused or withdrawn (never on air)
+        #: Nonces recorded from the aggregator's ``sync`` that this edge never began, and
+        #: the last simulated-link upload sent (nonce, fields, payload): a restarted
+        #: aggregator asks for either again under the recorded nonce (testbed.lab.resume).
+        self.adopted: set[str] = set()
+        self.last_sent: tuple[str, dict[str, Any], bytes] | None = None
         self.dropped = 0
         self.uploads = 0
         self.refusals = 0
@@ -199,17 +211,11 @@ class EdgeAgent:
         )
         self.dataset_size = len(mine)
         self.cfg = cfg
-        unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
-        if unit is not None:
-            target = cfg.privacy.epsilon
-            if self.max_epsilon is not None:
-                target = min(target, self.max_epsilon)
-            self.book = PrivacyBook(
-                self.state_dir / "ledger.jsonl", delta=cfg.privacy.delta,
-                enforce=cfg.privacy.enforced, target=target, unit=unit,
-                relation=cfg.privacy.relation, header={"device": self.device},
-            )
+        self.book, target = open_edge_book(cfg, self.state_dir, self.device, self.max_epsilon)
+        if target is not None:
             self.target = target
+        self.run_id = msg["run_id"]
+        (self.state_dir / FINISHED_MARKER).unlink(missing_ok=True)  # a live run
         if cfg.scheme == "zcdp-secagg":
             self.secagg = EdgeSecAgg(self.device, self.d, cfg.clients_per_round or cfg.devices)
         self.link = link_name(cfg, hw)
@@ -241,8 +247,16 @@ class EdgeAgent:
 
     # -- handlers ---------------------------------------------------------------------------
     def _send(self, client: CurveClient, msg_type: str, fields: dict[str, Any],
-              payload: bytes | None = None) -> None:
-        client.send(encode(msg_type, {"device": self.device, **fields}, payload))
+              payload: bytes | None = None, timeout_s: float = 5.0) -> None:
+        client.send(encode(msg_type, {"device": self.device, **fields}, payload), timeout_s)
+
+    def _hello(self, client: CurveClient) -> None:
+        """Say ``hello``; a full queue (no aggregator got it yet) is not an error here."""
+        try:
+            self._send(client, "hello", {"instance": self.instance}, timeout_s=1.0)
+        except TimeoutError:
+            log.info("device %d: the aggregator at %s has not taken a message yet",
+                     self.device, self.endpoint)
 
     def _ready(self, client: CurveClient) -> None:
         nonces = sorted((self.book.nonces() if self.book else set()) | set(self.pending))
@@ -333,7 +347,8 @@ class EdgeAgent:
                 if mine.to_dict() != self.book.entries_by_nonce().get(nonce, mine).to_dict():
                     log.warning("device %d: ledgers differ on upload %s", self.device, nonce)
                 continue
-            self.pending.pop(nonce, None)
+            if self.pending.pop(nonce, None) is None:
+                self.adopted.add(nonce)  # never begun here: it may still be asked for
             self.book.commit(mine, nonce)
             log.info("device %d: recorded upload %s of round %d as the aggregator did",
                      self.device, nonce, data["round"])
@@ -358,15 +373,25 @@ class EdgeAgent:
     def _on_round(self, client: CurveClient, msg: Message) -> None:
         assert self.worker is not None
         t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
+        if self.last_sent is not None and self.last_sent[0] == nonce and tx_time is None:
+            self._send(client, "upload", *self.last_sent[1:])  # the same upload, again
+            return
+        again = nonce in self.adopted  # recorded already; no second record
         known = (self.book.nonces() if self.book else set()) | set(self.pending) | self.withdrawn
+        known -= {nonce} if again else set()
         if self.secagg is not None:
             known |= self.secagg.seen
-        last = max((e.round for _, e in self.book.entries(self.device)), default=-1) if (
-            self.book) else -1
-        if nonce in known or t < last or msg["d"] != self.d:
+        rounds = {e.round for _, e in self.book.entries(self.device)} if self.book else set()
+        if again:
+            rounds.discard(t)
+        if nonce in known or t < max(rounds, default=-1) or msg["d"] != self.d:
             self.dropped += 1
             log.warning("device %d: ignored a replayed or out-of-round request (round %d)",
                         self.device, t)
+            return
+        if t in rounds:  # e.g. asked again after the aggregator restarted: one per round
+            self._refuse(client, t, nonce, f"this device's ledger already records an upload "
+                                           f"in round {t}")
             return
         if tx_time is not None and self.air is None:
             self._refuse(client, t, nonce, (
@@ -381,7 +406,7 @@ class EdgeAgent:
         if differs:
             self._refuse(client, t, nonce, differs)
             return
-        if self.book is not None and not self.book.allows(event):
+        if self.book is not None and not again and not self.book.allows(event):
             self._refuse(client, t, nonce, (
                 f"this upload would pass the device's own epsilon target "
                 f"{self.target:g} ({self.book.enforce} accounting)"))
@@ -400,16 +425,17 @@ class EdgeAgent:
             self._transmit(client, t, nonce, event, local, float(tx_time))
             return
         fault_point("edge_before_intent")
-        if self.book is not None:
+        if self.book is not None and not again:
             self.book.begin(event, nonce)  # before the air
-        self.pending[nonce] = event
+        if not again:
+            self.pending[nonce] = event
         fault_point("edge_after_intent")
-        up = local.upload
-        symbols = np.ascontiguousarray(up.symbols, dtype="<c16")
-        self._send(client, "upload", {
-            **self._upload_fields(t, nonce, local, int(symbols.size)),
-            "on_air": False, "tx_report": None,
-        }, symbols.tobytes())
+        symbols = np.ascontiguousarray(local.upload.symbols, dtype="<c16")
+        fields = {**self._upload_fields(t, nonce, local, int(symbols.size)), "on_air": False,
+                  "tx_report": None}
+        self.last_sent = (nonce, fields, symbols.tobytes())
+        self._send(client, "upload", fields, self.last_sent[2])
+        self.adopted.discard(nonce)
         self.uploads += 1
 
     def _upload_fields(self, t: int, nonce: str, local: Any, n_symbols: int) -> dict[str, Any]:
@@ -579,6 +605,9 @@ class EdgeAgent:
             return False
         if msg.type == "welcome":
             self._on_welcome(client, msg)
+        elif msg.type == "finished":
+            on_finished(self, msg)
+            return True
         elif self.config_yaml is None:
             self.dropped += 1  # nothing but welcome before set-up
         elif msg.type == "sync":
@@ -594,6 +623,8 @@ class EdgeAgent:
         elif msg.type == "leave":
             log.info("device %d: %s (%d uploads, %d refused)", self.device,
                      msg["reason"], self.uploads, self.refusals)
+            if msg["reason"].startswith("run ended"):
+                record_end(self.state_dir, self.run_id, msg["reason"])
             return True
         else:
             self.dropped += 1
@@ -617,19 +648,21 @@ class EdgeAgent:
         client = CurveClient(ctx, self.endpoint, client_public=public, client_secret=secret,
                              server_public=server_key, max_message_bytes=MAX_MESSAGE_BYTES)
         try:
-            self._send(client, "hello", {"instance": self.instance})
-            heard = time.monotonic()
+            self._hello(client)
+            heard = answered = time.monotonic()
             while True:
                 # messages queued during a clock exchange first, in the order they came
                 frames = self.inbox.popleft() if self.inbox else client.recv(0.5)
                 if frames is None:
+                    if time.monotonic() - answered > self.join_timeout_s:
+                        return give_up(self)
                     if time.monotonic() - heard > self.rejoin_after_s:
-                        self._send(client, "hello", {"instance": self.instance})
+                        self._hello(client)
                         heard = time.monotonic()
                     continue
-                heard = time.monotonic()
                 if self.handle(client, frames):
                     return 0
+                heard = answered = time.monotonic()
         finally:
             client.close()
             ctx.term()

@@ -14,6 +14,16 @@ receiver credits, carrying the same nonce. If the process dies in between, the n
 appends the gated event under that nonce, so an upload that may have gone on air is never
 left uncounted, and one that was recorded is never recorded twice (matching by nonce, not by
 device and round: a round re-run after a crash is a new transmission with a new nonce).
+
+One writer: :meth:`PrivacyBook.begin` first checks that the ledger still ends with the line
+this book last read or wrote (:meth:`~aggregator.privacy.ledger.Ledger.check_tail`); a line
+written by another process (a second run on the same directory) raises
+:class:`~aggregator.privacy.ledger.LedgerError` before the intent is journalled, so this
+process stops before transmitting. :meth:`PrivacyBook.commit` records an upload that
+already went on air even then (after the other writer's lines, unless one of them already
+carries its nonce) and then raises. The ledger's header pins the book's values (and the
+run's configuration, given as ``header``); see :mod:`aggregator.privacy.ledger` for the
+hash chain that makes edited, reordered or deleted lines detectable.
 """
 
 from __future__ import annotations
@@ -166,7 +176,7 @@ class PrivacyBook:
                 "when the run stopped; recording it with its gated (conservative) values",
                 stacklevel=2,
             )
-            self.ledger.append(event, nonce)
+            self.ledger.append(event, nonce, adopt=True)
             recorded.add(nonce)
             self.recovered.append(event)
             appended.append(LedgerEntry(event, nonce))
@@ -181,10 +191,18 @@ class PrivacyBook:
         ``nonce``: the transmission's id when a peer chose it (a lab aggregator authorizes
         each upload under a fresh nonce, and the edge journals it under the same one); by
         default a fresh random one. Returns the nonce that :meth:`commit` must be given.
+
+        Raises
+        ------
+        LedgerError
+            The nonce is recorded already, or another process has written to the ledger
+            since this book last read or wrote it (then nothing is journalled: stop, do not
+            transmit).
         """
         nonce = secrets.token_hex(16) if nonce is None else nonce
         if nonce in self._nonces:
             raise LedgerError(f"nonce {nonce} is already in the ledger (a replay)")
+        self.ledger.check_tail()
         append_jsonl(self.intents_path, {"nonce": nonce, "event": event.to_dict()})
         return nonce
 
@@ -209,8 +227,16 @@ class PrivacyBook:
 
     def commit(self, event: Any, nonce: str) -> None:
         """Record the upload with the credited channel state (after reception): append it
-        durably under the transmission's ``nonce``, then compose it in every accountant."""
-        self.ledger.append(event, nonce)
+        durably under the transmission's ``nonce``, then compose it in every accountant.
+
+        Raises
+        ------
+        LedgerError
+            Another process has written to the ledger since this book last did: the upload
+            is recorded after its lines all the same (it went on air), then this is raised
+            so that the run stops.
+        """
+        self.ledger.append(event, nonce, adopt=True)
         self._nonces.add(nonce)
         self._compose(event)
 

@@ -66,8 +66,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aggregator.privacy import BudgetGuard, RecordEvent, UploadEvent  # noqa: E402
-from aggregator.privacy.ledger import EVENT_TYPES, HEADER_TYPE  # noqa: E402
-from aggregator.privacy.ledger_parse import LineParser  # noqa: E402
+from aggregator.privacy.ledger import EVENT_TYPES, HEADER_TYPE, Ledger  # noqa: E402
+from aggregator.privacy.ledger_parse import GENESIS, LineParser, seal  # noqa: E402
 from aggregator.privacy.reference import (  # noqa: E402
     ReferencePrivacyAccountant,
     ReferenceRecordAccountant,
@@ -176,20 +176,31 @@ def run_rounds(name: str, devices: int, rounds: int, optimised: bool) -> dict[st
 
 def write_ledger(path: Path, devices: int, rounds: int) -> int:
     """A record-level ledger of ``devices x rounds`` identical steps, one nonce each, in the
-    byte format :meth:`Ledger.append` writes (checked on the first line). Returns its size."""
+    byte format :meth:`Ledger.append` writes (hash-chained and sealed; checked against a
+    line written by ``Ledger.append``). Returns its size."""
     header = {"delta": DELTA, "accounting": "rdp", "epsilon_target": TARGET, "unit": "record",
               "relation": "add-remove"}
-    first = record_event(0, 0).to_dict() | {"nonce": "0" * 32}
-    marked = record_event(0, 0).to_dict() | {"round": -1, "device": -2, "nonce": "@"}
-    text = json.dumps(marked, sort_keys=True, separators=(",", ":")).replace("%", "%%")
+    writer = "0123456789abcdef"
+    marked = record_event(0, 0).to_dict() | {"round": -1, "device": -2, "nonce": "@",
+                                              "prev": "#", "writer": writer}
+    text = json.dumps(marked, sort_keys=True, separators=(",", ":"))[:-1].replace("%", "%%")
     text = (text.replace('"round":-1', '"round":%d').replace('"device":-2', '"device":%d')
-            .replace('"@"', '"%s"'))
-    if text % (0, "0" * 32, 0) != json.dumps(first, sort_keys=True, separators=(",", ":")):
-        raise RuntimeError("write_ledger: the line format differs from Ledger.append's")
-    with path.open("w") as fh:
-        fh.write(json.dumps({"type": HEADER_TYPE, **header}, sort_keys=True) + "\n")
+            .replace('"@"', '"%s"').replace('"#"', '"%s"'))
+    with tempfile.TemporaryDirectory() as tmp, Ledger.open(Path(tmp) / "l.jsonl") as check:
+        check.writer = writer
+        check.append(record_event(0, 0), "0" * 32)
+        if seal((text % (0, "0" * 32, GENESIS, 0)).encode()) != check.path.read_bytes():
+            raise RuntimeError("write_ledger: the line format differs from Ledger.append's")
+    with path.open("wb") as fh:
+        line = seal(json.dumps({"type": HEADER_TYPE, "writer": writer, **header},
+                               sort_keys=True, separators=(",", ":"))[:-1].encode())
+        fh.write(line)
         for t in range(rounds):
-            fh.write("".join(text % (i, os.urandom(16).hex(), t) + "\n" for i in range(devices)))
+            lines = []
+            for i in range(devices):
+                line = seal((text % (i, os.urandom(16).hex(), line[-67:-3].decode(), t)).encode())
+                lines.append(line)
+            fh.write(b"".join(lines))
     return path.stat().st_size
 
 

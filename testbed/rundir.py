@@ -13,7 +13,9 @@ Layout::
     RUN/inflight/          uploads received in the round under way (one file per device,
                            atomic), so a resumed round reuses them instead of re-transmitting
     RUN/summary.json       written at the end (or on interruption), atomic replace
-    RUN/.lock              held (flock) by the one process using the directory
+    RUN/.lock              who holds the directory's lock (pid, host, since); the lock
+                           itself is an flock on the directory RUN, held by the one process
+                           using it, which deleting .lock cannot take away
 
 Files are only appended or atomically replaced, so a crash or Ctrl-C at any point leaves
 every file either in its previous or its new complete state (a torn last line of a JSONL
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -111,44 +114,98 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete lines of a JSONL file; a torn (unparsable) last line is ignored."""
+    """All complete lines of a JSONL file, each a JSON object; a torn (unparsable) last
+    line is ignored.
+
+    Raises
+    ------
+    RunDirError
+        One line naming the file and the line, when an earlier line is not UTF-8, not
+        JSON or not a JSON object (or the last line is a complete value of another shape).
+    """
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
+    for i, raw in enumerate(lines):
+        if not raw.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            value = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if i == len(lines) - 1:
-                break
-            raise RunDirError(f"{path}: line {i + 1} is corrupt (not the last line)") from None
+                break  # torn by a crash during the append
+            what = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "not JSON"
+            raise RunDirError(
+                f"{path}: line {i + 1} is corrupt ({what}; not the last line)"
+            ) from None
+        if not isinstance(value, dict):
+            raise RunDirError(
+                f"{path}: line {i + 1} is corrupt (a JSON {type(value).__name__}, expected "
+                "an object)"
+            )
+        out.append(value)
     return out
 
 
-def lock_directory(path: Path) -> int:
-    """Take the exclusive lock of run directory ``path``; returns the lock's descriptor.
+def _lock_holder(path: Path) -> str:
+    """The text a lock's holder left in ``path/.lock`` (information only)."""
+    try:
+        text = (path / ".lock").read_bytes()[:200].decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "unknown process"
 
-    The lock is an ``flock`` on ``path/.lock``: the kernel releases it when the holder exits
-    or dies, so a lock left by a killed process is never mistaken for a live one (the
-    file's text then names a process that no longer holds it: a stale lock, taken over).
+
+def lock_directory(path: Path) -> int:
+    """Take the exclusive lock of directory ``path``; returns the lock's descriptor.
+
+    The lock is an ``flock`` on the directory itself (opened ``O_RDONLY | O_DIRECTORY``),
+    so, unlike a lock file, it cannot be removed from under its holder: deleting
+    ``path/.lock`` changes nothing. After locking, the directory at ``path`` must still be
+    the one locked (not renamed away and replaced meanwhile). The kernel releases the lock
+    when the holder exits or dies, so a lock left by a killed process is never mistaken for
+    a live one. ``path/.lock`` only holds the holder's description (pid, host, start time),
+    shown to a process that is refused.
+
+    Raises
+    ------
+    RunDirError
+        The directory is locked by another process, cannot be opened, or was replaced.
     """
-    lock_path = path / ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise RunDirError(f"'{path}': cannot open the directory to lock it: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
         os.close(fd)
         raise RunDirError(
-            f"run directory '{path}' is in use by another process ({holder}); wait for it "
-            f"to end or stop it first"
+            f"run directory '{path}' is in use by another process ({_lock_holder(path)}); "
+            "wait for it to end or stop it first"
         ) from None
-    os.ftruncate(fd, 0)
+    try:
+        there = os.stat(path)
+    except OSError:
+        there = None
+    mine = os.fstat(fd)
+    if there is None or (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
+        os.close(fd)
+        raise RunDirError(f"run directory '{path}' was moved or replaced while it was locked")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    os.pwrite(fd, f"pid {os.getpid()} on {platform.node()} since {stamp}\n".encode(), 0)
+    text = f"pid {os.getpid()} on {platform.node()} since {stamp}\n".encode()
+    try:
+        holder = os.open(path / ".lock", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(holder, text)
+        finally:
+            os.close(holder)
+    except OSError:
+        pass  # information only: the lock is the directory's flock
     return fd
 
 
@@ -288,29 +345,41 @@ class RunDir:
         np.savez(buf, **arrays)
         atomic_write_bytes(self.inflight_path / f"r{round_index}-d{device}.npz", buf.getvalue())
 
+    def _inflight_files(self) -> list[tuple[int, int, Path]]:
+        """``(round, device, file)`` of every kept upload; other names in ``inflight/`` (a
+        temporary file left by a crash during a write, a stray file) are ignored."""
+        if not self.inflight_path.is_dir():
+            return []
+        found = []
+        for f in self.inflight_path.iterdir():
+            match = _INFLIGHT_NAME.fullmatch(f.name)
+            if match is not None:
+                found.append((int(match.group(1)), int(match.group(2)), f))
+        return sorted(found)
+
     def load_inflight(
         self, round_index: int
     ) -> dict[int, tuple[np.ndarray | None, dict[str, Any]]]:
-        """Uploads of round ``round_index`` kept by :meth:`save_inflight`, by device."""
+        """Uploads of round ``round_index`` kept by :meth:`save_inflight`, by device.
+
+        Raises
+        ------
+        RunDirError
+            One line naming the file, when a kept upload cannot be read or has the wrong
+            shape (``info`` not a JSON object, ``decoded`` not a 1-D float array).
+        """
         out: dict[int, tuple[np.ndarray | None, dict[str, Any]]] = {}
-        if not self.inflight_path.is_dir():
-            return out
-        for f in sorted(self.inflight_path.glob(f"r{round_index}-d*.npz")):
-            try:
-                with np.load(f) as z:
-                    info = json.loads(bytes(z["info"]).decode())
-                    vec = z["decoded"].copy() if "decoded" in z.files else None
-            except Exception as exc:  # noqa: BLE001
-                raise RunDirError(f"{f}: unreadable in-flight upload ({exc})") from None
-            out[int(f.stem.split("-d")[1])] = (vec, info)
+        for t, device, f in self._inflight_files():
+            if t == round_index:
+                out[device] = _read_inflight(f)
         return out
 
     def clear_inflight_before(self, round_index: int) -> None:
         """Drop kept uploads of rounds before ``round_index`` (their round is committed)."""
         if not self.inflight_path.is_dir():
             return
-        for f in self.inflight_path.glob("r*-d*.npz"):
-            if int(f.stem[1:].split("-d")[0]) < round_index:
+        for t, _, f in self._inflight_files():
+            if t < round_index:
                 f.unlink()
         if not any(self.inflight_path.iterdir()):
             self.inflight_path.rmdir()  # nothing in flight: no folder
@@ -337,6 +406,32 @@ class RunDir:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.summary_path, summary)
+
+
+#: Names of kept uploads in ``inflight/``: ``r<round>-d<device>.npz``.
+_INFLIGHT_NAME = re.compile(r"r(0|[1-9][0-9]*)-d(0|[1-9][0-9]*)\.npz")
+
+
+def _read_inflight(f: Path) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """One kept upload: ``(decoded or None, info)``; refuses an unreadable or odd file."""
+    try:
+        with np.load(f, allow_pickle=False) as z:
+            info = json.loads(bytes(z["info"]).decode())
+            vec = z["decoded"].copy() if "decoded" in z.files else None
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        raise RunDirError(
+            f"{f}: unreadable in-flight upload ({type(exc).__name__}: {reason}); remove it "
+            "to have the round's upload sent again"
+        ) from None
+    if not isinstance(info, dict):
+        raise RunDirError(f"{f}: in-flight upload whose info is not a JSON object")
+    if vec is not None and (vec.ndim != 1 or vec.dtype.kind != "f"):
+        raise RunDirError(
+            f"{f}: in-flight upload whose decoded differential is not a 1-D float array "
+            f"(shape {vec.shape}, dtype {vec.dtype})"
+        )
+    return vec, info
 
 
 def default_run_path(name: str, root: Path = Path("runs")) -> Path:

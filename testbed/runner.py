@@ -65,7 +65,7 @@ from testbed.parallel_training import TrainingPool, resolve_workers
 from testbed.peer_accounting import peer_report
 from testbed.protocol import UploadHeader
 from testbed.record_schemes import RecordSettings, check_delta_bound, resolve_record_uplinks
-from testbed.recovery import directory_is_pristine, resume_point
+from testbed.recovery import check_config_pin, config_pin, directory_is_pristine, resume_point
 from testbed.rundir import RunDir, RunDirError
 from testbed.schemes import DeviceUplink, resolve_uplinks
 from testbed.secure_aggregation import CARRIER as SECAGG_CARRIER
@@ -289,6 +289,7 @@ class Experiment:
                 target=cfg.privacy.epsilon,
                 unit=self.unit,
                 relation=cfg.privacy.relation,
+                header=config_pin(cfg, hw),  # resume with an edited config is refused
             )
         self.w = get_flat(self.model)
 
@@ -952,6 +953,7 @@ def _write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -
         ),
         "channel_noise_source": channel_noise_source(cfg, hw),
     }
+    meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.recovery)
     rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")
 
 
@@ -1003,6 +1005,7 @@ def resume_experiment(
     try:
         cfg = load_experiment(rundir.path / "config.yaml")
         hw = load_hardware(str(rundir.path / "hw_config.yaml"))
+        check_config_pin(rundir, cfg, hw)
         point = resume_point(rundir, private=cfg.scheme != "fedavg")
         try:
             exp = Experiment(cfg, hw, rundir, progress=progress, on_round=on_round)

@@ -223,7 +223,7 @@ def test_ledger_written_for_another_target_is_refused(dp_run: Path) -> None:
     cfg_path.write_text(cfg_path.read_text().replace(f"epsilon: {TARGET}", "epsilon: 80.0"))
     proc = _cli(["run", "--resume", str(dp_run)])
     assert proc.returncode == 2
-    assert "ledger.jsonl" in proc.stderr and "epsilon_target" in proc.stderr
+    assert "ledger.jsonl" in proc.stderr and "privacy.epsilon was 40.0" in proc.stderr
 
 
 @settings(

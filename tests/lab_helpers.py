@@ -70,14 +70,19 @@ class Procs:
             p.wait(10)
 
 
+#: Per-line fields of a ledger file that belong to the file, not to the event (its hash
+#: chain and the writing process): two ledgers of the same uploads differ in them.
+FILE_FIELDS = frozenset({"prev", "sha256", "writer"})
+
+
 def ledger_by_nonce(path: Path) -> dict[str, dict[str, Any]]:
-    """Events of a ledger file by nonce (the header line skipped)."""
+    """Events of a ledger file by nonce (the header line skipped, file fields dropped)."""
     out = {}
     for line in path.read_text().splitlines():
         if line.strip():
             data = json.loads(line)
             if "nonce" in data:
-                out[data["nonce"]] = data
+                out[data["nonce"]] = {k: v for k, v in data.items() if k not in FILE_FIELDS}
     return out
 
 

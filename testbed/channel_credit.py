@@ -57,8 +57,8 @@ class CsprngChannelNoise(ChannelNoise):
 
     secret = True
     origin = (
-        "simulated, drawn from the OS CSPRNG (edge_device.noise, as the privacy noise), "
-        "never from the experiment seed"
+        "simulated, drawn from the OS CSPRNG like the privacy noise, never from the "
+        "experiment seed"
     )
 
     def complex_normal(self, n: int, noise_var: float, rng: np.random.Generator) -> np.ndarray:
@@ -150,15 +150,15 @@ def channel_credit(cfg: ExperimentConfig, hw: HardwareConfig) -> ChannelCredit:
     if cfg.scheme == "fedavg":
         return ChannelCredit(0.0, noise, "scheme fedavg is not differentially private")
     if not SCHEMES[cfg.scheme].credit_channel:
-        return ChannelCredit(0.0, noise, f"scheme {cfg.scheme} credits no channel noise")
+        return ChannelCredit(0.0, noise, f"scheme {cfg.scheme} does not credit it")
     if tau <= 0:
         return ChannelCredit(0.0, noise, "privacy.trusted_channel_noise is 0")
     if not noise.secret:
         return ChannelCredit(
             0.0,
             noise,
-            f"the {link_name(cfg, hw)} link's channel noise is seeded ({noise.origin}); "
-            "seeded noise is never credited",
+            f"the {link_name(cfg, hw)} link's noise is seeded ({noise.origin}), and seeded "
+            "noise is never credited",
         )
     return ChannelCredit(float(tau), noise, "")
 

@@ -95,9 +95,9 @@ def trust_statement(channel: dict[str, Any], unit: str) -> str:
         else "not reported at the device unit; `testbed privacy --trusted 0` computes it"
     )
     return (
-        f"{local}. The enforced epsilon also credits {credited:g} of the channel noise the "
-        f"aggregator's receiver adds ({channel['source']}): it holds against the aggregator, "
-        "assuming it does not learn that noise. It does not hold against an eavesdropper "
-        "with a better channel, nor anyone who knows the channel noise: against them only "
-        f"the artificial noise counts ({no_channel})."
+        f"{local}. The enforced epsilon also credits {credited:.0%} of the channel noise the "
+        f"aggregator's receiver adds, which is secret ({channel['source']}): it holds against "
+        "the aggregator, assuming it does not learn that noise. It does not hold against an "
+        "eavesdropper with a better channel, nor anyone who knows the channel noise: against "
+        f"them only the artificial noise counts ({no_channel})."
     )

@@ -156,7 +156,7 @@ def test_the_rule_in_words_and_numbers(tiny_overrides: list[str]) -> None:
     usrp = load_experiment(None, [*tiny_overrides, *CREDITED, "link=usrp"])
     assert channel_credit(usrp, sim).fraction == 1.0  # physical receiver noise
     ldp = load_experiment(None, [*tiny_overrides, *CREDITED, "scheme=ldp-fedavg"])
-    assert "credits no channel noise" in channel_credit(ldp, sim).reason
+    assert "does not credit it" in channel_credit(ldp, sim).reason
 
 
 def test_trust_statement_says_it_once() -> None:

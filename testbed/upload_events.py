@@ -17,7 +17,10 @@ from testbed.schemes import DeviceUplink
 def channel_fields(state: ChannelState | None, up: DeviceUplink, d: int) -> dict[str, Any]:
     """The channel part of an upload's event, from the state the receiver credits.
 
-    ``state=None`` (unknown channel, or a lost upload) credits no channel noise. An estimated
+    The credited fraction is ``up.trusted``, which :mod:`testbed.channel_credit` has already
+    set to 0 where the scheme credits no channel noise or the link's noise is seeded (not
+    secret): that rule is the only gate. ``state=None`` (unknown channel, or a lost upload)
+    credits no channel noise either. An estimated
     state is credited through its confidence bounds, whose failure probability the event
     carries (``bound_failure_prob``: the ``n0`` lower and ``|h|`` upper bounds each fail with
     probability at most ``1 - confidence``).

@@ -9,6 +9,10 @@
 | ``ee-dp-fl`` | Gaussian, before | yes | yes | yes |
 | ``noise-after-compression`` | discrete Gaussian, after | yes | yes (fixed scale) | yes |
 
+"yes" is ``SchemeSpec.credit_channel``: the scheme asks for the credit. A run gets it only
+where the link's noise is secret (:mod:`testbed.channel_credit`, which resolves every run's
+uplinks from a config whose ``trusted_channel_noise`` is 0 otherwise).
+
 For DP schemes the power scaling ``alpha`` must not depend on the data, so it comes from
 the config, a plan, or (by default) the largest value whose *expected* power bound
 ``alpha^2 theta_qs (Z^2 + d sigma^2) / n_symbols`` (003 Section V-A, per symbol) meets

@@ -38,7 +38,7 @@ from aggregator.privacy import (
 from aggregator.privacy.events import EventError
 from aggregator.privacy.exact_sum import ExactSum
 from aggregator.privacy.ledger import EVENT_TYPES, HEADER_TYPE
-from aggregator.privacy.ledger_parse import LineParser
+from aggregator.privacy.ledger_parse import GENESIS, LineParser, seal
 from aggregator.privacy.reference import ReferencePrivacyAccountant, ReferenceRecordAccountant
 from aggregator.privacy.state_trie import StateTrie
 from aggregator.privacy_book import PrivacyBook, make_accountants
@@ -308,6 +308,21 @@ def _line(event: Any, nonce: str | None) -> bytes:
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
+def _chain(header: dict[str, Any] | None, lines: list[bytes],
+           writer: str = "0123456789abcdef") -> bytes:
+    """``lines`` (and a header first) as Ledger.append writes them: chained and sealed."""
+    out: list[bytes] = []
+    tail = GENESIS
+    records = [] if header is None else [{"type": HEADER_TYPE, **header}]
+    records += [json.loads(line) for line in lines]
+    for data in records:
+        data = data | {"writer": writer} | ({} if "prev" in data or data["type"] == HEADER_TYPE
+                                           else {"prev": tail})
+        out.append(seal(json.dumps(data, sort_keys=True, separators=(",", ":"))[:-1].encode()))
+        tail = out[-1][-67:-3].decode()
+    return b"".join(out)
+
+
 def _parse_both(data: bytes, path: Path) -> tuple[Any, Any]:
     """(fast result, full result), each a list of (event dict, type, nonce) or the error."""
     out: list[Any] = []
@@ -326,7 +341,8 @@ def test_ledger_append_writes_the_line_format_the_tests_generate(tmp_path: Path)
                         example_clip=1.0, expected_batch=60.0, dataset_size=6000, sigma=0.02)
     with Ledger.open(tmp_path / "l.jsonl") as ledger:
         ledger.append(event, "ab12")
-    assert (tmp_path / "l.jsonl").read_bytes() == _line(event, "ab12")
+    assert (tmp_path / "l.jsonl").read_bytes() == _chain(None, [_line(event, "ab12")],
+                                                         ledger.writer)
 
 
 _BASE = _line(RecordEvent(round=12, device=34, steps=1, sampling_rate=0.01, amplified=True,
@@ -416,8 +432,7 @@ def test_a_long_ledger_is_read_through_templates(tmp_path: Path) -> None:
 
 
 def _write_ledger(path: Path, header: dict[str, Any], lines: list[bytes]) -> None:
-    path.write_bytes(json.dumps({"type": HEADER_TYPE, **header}, sort_keys=True).encode()
-                     + b"\n" + b"".join(lines))
+    path.write_bytes(_chain(header, lines))
 
 
 @pytest.mark.parametrize("unit", ["record", "device"])
@@ -478,12 +493,13 @@ def test_replay_charges_a_begun_upload_and_detects_corruption(tmp_path: Path) ->
     again.close()
     # a complete line damaged in the middle of the ledger is corruption, named by its line
     data = path.read_bytes().split(b"\n")
+    original = data[5]
     data[5] = data[5].replace(b'"round":', b'"round":x')
     path.write_bytes(b"\n".join(data))
     with pytest.raises(LedgerError, match="line 6"):
         PrivacyBook(path, delta=DELTA, enforce="rdp", target=1e6, unit="record")
     # a torn last line is still cut off with a warning, the rest replayed
-    data[5] = _line(event.for_round_and_device(1, 0), "abc")[:-1]
+    data[5] = original
     path.write_bytes(b"\n".join(data) + b'{"round":4,"dev')
     with pytest.warns(TornLineWarning):
         third = PrivacyBook(path, delta=DELTA, enforce="rdp", target=1e6, unit="record")

@@ -207,8 +207,16 @@ class LineParser:
                     continue
                 number += 1
                 entry = None
-                if self._use_templates and self.chained is not None:
-                    entry = self._fast_sealed(raw) if self.chained else self._fast(raw)
+                if self._use_templates:
+                    if self.chained:
+                        entry = self._fast_sealed(raw)
+                    elif self.chained is False:
+                        entry = self._fast(raw)
+                    elif raw[-SEAL_LEN:-67] != SEAL_HEAD:  # an unsealed first line
+                        self.chained = False
+                        entry = self._fast(raw)
+                        if entry is None:
+                            self.chained = None  # the full parse decides
                 if entry is None:
                     entry = self._full(number, raw)
                 else:

@@ -23,7 +23,10 @@ devices whose sequences are equal (:mod:`aggregator.privacy.state_trie`).
   epsilon (doubled for replace-one by group privacy).
 * :class:`PldEngine`: the state is a ``dp_accounting`` privacy loss distribution (connect-
   the-dots, pessimistic discretization: an upper bound), composed incrementally; per-``(q, z,
-  steps)`` distributions are cached.
+  steps)`` distributions are cached. Memory is bounded whatever the number of steps or the
+  noise (:mod:`aggregator.privacy.pld_bounded`): a PLD that would exceed
+  ``MAX_PLD_POINTS`` grid points is built or composed on a grid ``2^j`` times coarser,
+  losses rounded up, so epsilon stays an upper bound (a little looser there).
 
 ``z`` is rounded *down* to a log grid of relative step ``z_resolution`` before anything is
 computed (``0``: exact), so that nearby noise levels share a cache entry; rounding down can
@@ -42,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.privacy import pld_bounded
 from aggregator.privacy.record_rdp import (
     ORDERS,
     extended_orders,
@@ -199,6 +203,13 @@ class PldEngine:
         self._make = functools.lru_cache(maxsize=_CACHE_SIZE)(self._compute_pld)
         self._make_laplace = functools.lru_cache(maxsize=_CACHE_SIZE)(self._compute_laplace)
 
+    def _interval(self, width: float) -> float | None:
+        """The grid for a PLD of support ``width`` nats: the engine's, or ``x 2^j`` coarser
+        so that it fits in :data:`~aggregator.privacy.pld_bounded.MAX_PLD_POINTS`
+        (``None``: no grid fits; epsilon is reported inf)."""
+        j = pld_bounded.grid_exponent(width, self.discretization)
+        return None if j is None else self.discretization * 2.0**j
+
     def _compute_pld(self, q: float, z: float, steps: int) -> Any:
         if z == 0:
             return NON_PRIVATE
@@ -206,16 +217,21 @@ class PldEngine:
             return self.identity()
         if q == 1:
             # as dp_accounting's PLDAccountant for a GaussianDpEvent composed `steps` times
+            sd = z / math.sqrt(steps)
+            interval = self._interval(pld_bounded.gaussian_width(sd))
+            if interval is None:
+                return NON_PRIVATE
             return self._pld.from_gaussian_mechanism(
-                standard_deviation=z / math.sqrt(steps),
-                value_discretization_interval=self.discretization,
+                standard_deviation=sd, value_discretization_interval=interval,
             )
         # as PLDAccountant for SelfComposedDpEvent(PoissonSampledDpEvent(q, Gaussian(z)))
-        return self._pld.from_gaussian_mechanism(
-            standard_deviation=z,
-            value_discretization_interval=self.discretization,
-            sampling_prob=q,
-        ).self_compose(steps)
+        interval = self._interval(pld_bounded.gaussian_width(z))
+        if interval is None:
+            return NON_PRIVATE
+        one = self._pld.from_gaussian_mechanism(
+            standard_deviation=z, value_discretization_interval=interval, sampling_prob=q,
+        )
+        return pld_bounded.self_compose(one, steps)
 
     def _compute_laplace(self, b: float, count: int) -> Any:
         if b == 0:
@@ -223,10 +239,13 @@ class PldEngine:
         if math.isinf(b):
             return self.identity()
         # as dp_accounting's PLDAccountant for a LaplaceDpEvent(b) composed `count` times
+        interval = self._interval(2.0 / b)
+        if interval is None:
+            return NON_PRIVATE
         pld = self._pld.from_laplace_mechanism(
-            parameter=b, value_discretization_interval=self.discretization
+            parameter=b, value_discretization_interval=interval
         )
-        return pld if count == 1 else pld.self_compose(count)
+        return pld_bounded.self_compose(pld, count)
 
     def laplace_contribution(self, b: float, count: int) -> Any:
         """PLD of ``count`` Laplace mechanisms of parameter ``b`` (cached, not rounded)."""
@@ -258,7 +277,7 @@ class PldEngine:
         """Composition of two PLDs (``NON_PRIVATE`` absorbs)."""
         if isinstance(state, str) or isinstance(contribution, str):
             return NON_PRIVATE
-        return state.compose(contribution)
+        return pld_bounded.compose(state, contribution)
 
     def epsilon(self, state: Any, delta: float) -> tuple[float, float, bool]:
         """``(epsilon, nan, False)`` of the composed PLD (no Renyi order here)."""

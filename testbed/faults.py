@@ -8,6 +8,11 @@ kept in ``inflight/``), ``after_inflight``; and per round ``after_checkpoint`` (
 written, metrics line not yet appended). The edge agent's: ``edge_before_intent`` (trained,
 not yet journalled) and ``edge_after_intent`` (journalled, upload not yet sent).
 
+``TESTBED_PAUSE=NAME`` stops the process at the pause point ``NAME`` (it writes ``paused at
+NAME`` on stderr, then sleeps), so that a test can signal it at a known place: ``cli_startup``
+(the command line parsed, the command not started) and ``run_setup`` (``testbed run`` about to
+load its data and set the run up).
+
 ``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
 before each transmission is handed to the link: the device's own record of what it put on
 the air, against which the privacy ledger can be audited.
@@ -18,6 +23,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+import time
+
+#: Seconds a pause point sleeps (the test signals it long before).
+PAUSE_S = 3600.0
 
 _counts: dict[str, int] = {}
 
@@ -42,6 +52,14 @@ def fault_point(name: str) -> None:
     _counts[name] = _counts.get(name, 0) + 1
     if _counts[name] == spec[1]:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_point(name: str) -> None:
+    """Sleep here (after saying so on stderr) if ``TESTBED_PAUSE`` names this point."""
+    if os.environ.get("TESTBED_PAUSE") != name:
+        return
+    print(f"paused at {name}", file=sys.stderr, flush=True)
+    time.sleep(PAUSE_S)
 
 
 def log_air(device: int, round_index: int, nonce: str | None) -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import UniqueOverrides
 from testbed.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.config.paths import check_output_dir, check_output_file
 from testbed.config.safe_yaml import dump_yaml_text
@@ -50,9 +51,10 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action=UniqueOverrides, default=[],
+                   metavar="KEY=VALUE",
                    help="override a config key for every pilot run; repeatable")
-    p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
+    p.add_argument("--hw-set", dest="hw_overrides", action=UniqueOverrides, default=[],
                    metavar="KEY=VALUE",
                    help="override a hardware config key for every pilot run; repeatable")
     p.add_argument("--unit", choices=("record", "device"),

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import UniqueOverrides
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.config.paths import check_output_file
@@ -41,9 +42,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
     p.add_argument("--scenario", type=Path, help="solver scenario YAML (solver: mapping)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action=UniqueOverrides, default=[],
+                   metavar="KEY=VALUE",
                    help="override an experiment config key (privacy.epsilon=1.8); repeatable")
-    p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
+    p.add_argument("--hw-set", dest="hw_overrides", action=UniqueOverrides, default=[],
                    metavar="KEY=VALUE",
                    help="override a hardware config key (symbol_rate_hz=1e6); repeatable")
     p.add_argument("--scheme", default="ee-dp-fl",

@@ -138,7 +138,8 @@ def _number(text: str) -> int | float:
             raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
 
 
-#: --unit record: most steps composed (a PLD self-composition grows with K).
+#: --unit record: most steps composed (PLD memory is bounded whatever K, see
+#: aggregator/privacy/pld_bounded.py; the time still grows about as log K).
 MAX_RECORD_STEPS = 10_000_000
 #: Options of one unit that the other unit refuses (both default to None).
 _DEVICE_ONLY = ("sigma", "alpha", "h", "n0", "rounds", "l")

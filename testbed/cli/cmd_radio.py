@@ -271,6 +271,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 #: Largest ``--n-symbols`` accepted: a bigger payload only exhausts memory (5 samples per
 #: symbol, several complex128 copies in modulation and synchronisation).
 MAX_LOOPBACK_SYMBOLS = 2_000_000
+#: Largest ``--trials`` accepted: each trial is one transmission over the link (seconds each
+#: over a real flowgraph), so more only runs for days.
+MAX_LOOPBACK_TRIALS = 10_000
 
 #: Hardware-config keys that loopback sets from its flags.
 _FLAG_OF_KEY = {"waveform.cfo_hz": "--cfo-hz", "waveform.delay_max_samples": "--delay-samples"}
@@ -285,8 +288,8 @@ def _check_number(flag: str, value: float, *, minimum: float | None = None) -> N
 
 def _validate_loopback_args(args: argparse.Namespace) -> None:
     """Every numeric loopback flag, checked before any link is built."""
-    if args.trials < 1:
-        raise ConfigError(f"--trials: got {args.trials}; allowed: >= 1")
+    if not 1 <= args.trials <= MAX_LOOPBACK_TRIALS:
+        raise ConfigError(f"--trials: got {args.trials}; allowed: 1 .. {MAX_LOOPBACK_TRIALS}")
     if not 1 <= args.n_symbols <= MAX_LOOPBACK_SYMBOLS:
         raise ConfigError(
             f"--n-symbols: got {args.n_symbols}; allowed: 1 .. {MAX_LOOPBACK_SYMBOLS}"
@@ -452,7 +455,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     help="maximum random leading delay (samples)")
     lb.add_argument("--hw", default="sim", help="hardware config (default: sim)")
     lb.add_argument("--n-symbols", type=int, default=10920, help="payload symbols")
-    lb.add_argument("--trials", type=int, default=1, help="uploads to average over")
+    lb.add_argument("--trials", type=int, default=1,
+                    help=f"uploads to average over (1 .. {MAX_LOOPBACK_TRIALS})")
     lb.add_argument("--seed", type=int, default=0, help="payload and channel seed")
     lb.add_argument("--json", action="store_true", help="print one JSON object")
     lb.set_defaults(func=cmd_loopback)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import UniqueOverrides
 from testbed.config.loader import ConfigError, parse_override
 
 
@@ -40,7 +41,8 @@ def register(sub: Any) -> None:
                    help=f"only these schemes (default all of {', '.join(TABLE1_SCHEMES)})")
     p.add_argument("--epsilons", nargs="+", type=float, metavar="EPS",
                    help="target epsilons (default 1.8 5, as printed)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action=UniqueOverrides, default=[],
+                   metavar="KEY=VALUE",
                    help="override a config key in every run (stated in the report)")
     p.set_defaults(func=_reproduce)
 

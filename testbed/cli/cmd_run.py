@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import UniqueOverrides
 from testbed.config.loader import ConfigError, load_experiment, load_hardware
 
 
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
-        action="append",
+        action=UniqueOverrides,
         default=[],
         metavar="KEY=VALUE",
         help="override a config key, dotted for sections (privacy.epsilon=1.8); repeatable",
@@ -36,7 +37,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--hw-set",
         dest="hw_overrides",
-        action="append",
+        action=UniqueOverrides,
         default=[],
         metavar="KEY=VALUE",
         help="override a hardware-config key, dotted (waveform.speed_kmh=20); repeatable",
@@ -58,6 +59,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from testbed.faults import pause_point
     from testbed.outcome import outcome_line
     from testbed.rundir import RunDirError, default_run_path, dumps
     from testbed.runner import resume_experiment, run_experiment
@@ -79,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
             cfg = load_experiment(args.config, overrides)
             hw = load_hardware(cfg.hw_config, args.hw_overrides)  # validate before any work
             out = args.out or default_run_path(cfg.name)
+            pause_point("run_setup")
             summary = run_experiment(cfg, out, progress=progress, hw=hw)
     except KeyboardInterrupt:
         # Only reached while setting up (the runner itself turns a stop into an outcome).

@@ -2,16 +2,32 @@
 
 A subcommand module defines ``register(subparsers) -> None``, which adds its parser and
 sets ``func`` (a callable taking the parsed namespace and returning an exit code).
+
+Start-up (importing the subcommands, parsing, and whatever a command does before it installs
+its own signal handling, e.g. ``testbed run`` loading its config and data) stops on SIGINT
+or SIGTERM with one line and exit code :data:`EXIT_INTERRUPTED` (130, as an interrupted run),
+never a traceback or death by the signal. This module imports nothing heavy at its top, so
+that window starts as early as the console script allows.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
+import signal
 import sys
 
 from testbed import __version__
-from testbed.config.loader import ConfigError
+from testbed.config.errors import ConfigError
+from testbed.faults import pause_point
+from testbed.interrupts import sigterm_as_interrupt
+
+#: Exit code of a command stopped by SIGINT or SIGTERM (README, "Outcomes").
+EXIT_INTERRUPTED = 130
+#: Commands that keep the process' own SIGTERM behaviour once started (the lab processes:
+#: their launcher stops them with SIGTERM, then SIGKILL).
+OWN_SIGTERM = frozenset({"aggregator", "edge", "launch"})
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -31,9 +47,25 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+#: What a negative number looks like on the command line: ``-5``, ``-.5``, ``-1e308``,
+#: ``-inf`` (argparse's own pattern, ``^-\d+$|^-\d*\.\d+$``, misses exponents, so
+#: ``--snr-db -1e308`` was "expected one argument").
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$",
+                             re.IGNORECASE)
+
+
+class Parser(argparse.ArgumentParser):
+    """``ArgumentParser`` that takes every negative number, exponents included, as a value
+    (no option of the testbed looks like a number); its subparsers are of this class too."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="testbed",
         description="Differentially private federated learning over radio links.",
     )
@@ -46,16 +78,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` console script; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
-        return int(args.func(args) or 0)
-    except ConfigError as exc:
-        print(f"testbed: error: {exc}", file=sys.stderr)
-        return 2
+        with sigterm_as_interrupt():
+            parser = build_parser()
+            pause_point("cli_startup")
+            try:
+                args = parser.parse_args(argv)
+                if not getattr(args, "func", None):
+                    parser.print_help()
+                    return 2
+                if args.command in OWN_SIGTERM:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                return int(args.func(args) or 0)
+            except ConfigError as exc:
+                print(f"testbed: error: {exc}", file=sys.stderr)
+                return 2
+    except KeyboardInterrupt:
+        print("testbed: interrupted (SIGINT/SIGTERM); stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -177,9 +177,22 @@ def load_experiment(
     """
     data = default_experiment_dict()
     if path is not None:
-        data = _merge(data, read_yaml_mapping(path, "config file"))
+        data = _merge(data, _read_nonempty(path, "config file",
+                                           "run without CONFIG for the default experiment"))
     data = apply_overrides(data, overrides)
     return validate(ExperimentConfig, data, "config")
+
+
+def _read_nonempty(path: str | Path, what: str, hint: str) -> dict[str, Any]:
+    """:func:`read_yaml_mapping`, refusing a file with no keys (empty, only comments, or
+    ``{}``): it would silently run with every default."""
+    data = read_yaml_mapping(path, what)
+    if not data:
+        raise ConfigError(
+            f"{what} '{short_text(str(path), 300)}' is empty; allowed: a YAML mapping with at "
+            f"least one key ({hint})"
+        )
+    return data
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -250,7 +263,8 @@ def load_hardware(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Ha
         ``hardware config key '...'``.
     """
     path = resolve_hw_config_path(str(name_or_path))
-    data = apply_overrides(read_yaml_mapping(path, "hardware config file"), overrides, "--hw-set")
+    data = apply_overrides(_read_nonempty(path, "hardware config file",
+                                          "e.g. hw_configs/sim.yaml"), overrides, "--hw-set")
     return validate(HardwareConfig, data, "hardware config")
 
 

@@ -29,6 +29,21 @@ DEVICE_ACCOUNTINGS = ("paper", "strict")
 RUN_FILES = (CONFIG, METRICS, SUMMARY)
 
 
+#: ``summary.json`` keys that must be numbers (``None`` allowed: not measured), with the
+#: range a finite value must lie in; a value of another type or out of range is dropped
+#: (the report shows ``n/a``) and named in the report's problems.
+SUMMARY_NUMBERS: dict[str, tuple[float, float]] = {
+    "final_accuracy": (0.0, 1.0),
+    "best_accuracy": (0.0, 1.0),
+    "final_subset_accuracy": (0.0, 1.0),
+    "final_train_loss": (-math.inf, math.inf),
+    "wall_time_s": (0.0, math.inf),
+}
+#: ``summary.json`` keys that must be integers (``None`` allowed).
+SUMMARY_INTEGERS = ("exit_code", "rounds_completed", "rounds_planned", "d",
+                    "final_accuracy_round", "lost_uploads", "workers")
+
+
 class NotARunDirectory(ValueError):
     """The path is missing, not a directory, or holds none of :data:`RUN_FILES`."""
 
@@ -353,6 +368,29 @@ def _read_ledger_header(run: RunData) -> dict[str, Any] | None:
     return None
 
 
+def _drop_mistyped(run: RunData, summary: dict[str, Any]) -> None:
+    """Drop from ``summary`` each of :data:`SUMMARY_NUMBERS` / :data:`SUMMARY_INTEGERS`
+    whose value has the wrong type or range, naming file, key and value in the problems."""
+    for key in (*SUMMARY_NUMBERS, *SUMMARY_INTEGERS):
+        value = summary.get(key)
+        if value is None:
+            continue
+        if key in SUMMARY_NUMBERS:
+            lo, hi = SUMMARY_NUMBERS[key]
+            x = as_float(value)
+            ok = x is not None and (math.isnan(x) or lo <= x <= hi)
+            allowed = "a number" + ("" if math.isinf(lo) and math.isinf(hi)
+                                    else f" in [{lo:g}, {hi:g}]")
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            allowed = "an integer"
+        if not ok:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            run.problems.append(f"{SUMMARY} key '{key}' is {shown} ({type(value).__name__}); "
+                                f"allowed: {allowed}; shown as n/a")
+            del summary[key]
+
+
 def load_run(path: Path) -> RunData:
     """Read run directory ``path`` (read only).
 
@@ -380,6 +418,8 @@ def load_run(path: Path) -> RunData:
     run.hw_config = _read_yaml(run, HW_CONFIG)
     run.meta = _read_json(run, META)
     run.summary = _read_json(run, SUMMARY)
+    if run.summary is not None:
+        _drop_mistyped(run, run.summary)
     run.rounds = _read_jsonl(run, METRICS)
     run.ledger_header = _read_ledger_header(run)
     for name in (CONFIG, METRICS):

@@ -1,0 +1,49 @@
+"""``--set`` / ``--hw-set`` options that refuse a key given twice.
+
+``--set privacy.epsilon=3 --set privacy.epsilon=7`` used to run with 7 and say nothing; the
+command now stops at parsing with one line naming the key and both values. Only the user's
+own options are checked: overrides a command adds itself (a plan's, a sweep cell's) still
+apply on top of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from testbed.config.errors import ConfigError
+
+
+def override_key(item: str) -> str | None:
+    """The dotted key of ``KEY=VALUE`` (parts stripped, as the loader reads it), or
+    ``None`` when ``item`` has no ``=`` (the loader refuses it with its own message)."""
+    if "=" not in item:
+        return None
+    key = item.split("=", 1)[0]
+    return ".".join(part.strip() for part in key.split("."))
+
+
+class UniqueOverrides(argparse.Action):
+    """``action="append"`` for ``KEY=VALUE`` items, refusing a key already given with a
+    :class:`ConfigError` (one ``testbed: error:`` line, exit 2)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        item = str(values)
+        items = list(getattr(namespace, self.dest, None) or [])
+        key = override_key(item)
+        if key is not None:
+            for earlier in items:
+                if override_key(earlier) == key:
+                    raise ConfigError(
+                        f"{option_string or self.dest}: key '{key}' given twice "
+                        f"({earlier!r}, then {item!r}); allowed: each key once"
+                    )
+        items.append(item)
+        setattr(namespace, self.dest, items)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import shutil
@@ -202,6 +203,15 @@ def test_allowed_clients_exchange_messages_with_their_device_ids(
         assert server.dropped == 0
 
 
+def _send_to_refused(client: CurveClient, frames: list[bytes]) -> None:
+    """Send from a client whose handshake the server refuses. libzmq either keeps the pipe
+    (reconnecting: the message is queued and never delivered) or, once it has processed
+    the server's ERROR, closes the session for good (no pipe: the send waits and times
+    out); which one happens is a race, so both outcomes are accepted."""
+    with contextlib.suppress(TimeoutError):
+        client.send(frames, timeout_s=0.5)
+
+
 def test_unlisted_key_is_refused_and_allowed_client_still_works(
     keys: KeySet, stranger: KeySet, ctx: zmq.Context[Any]
 ) -> None:
@@ -217,13 +227,13 @@ def test_unlisted_key_is_refused_and_allowed_client_still_works(
                 ctx, endpoint, client_public=public, client_secret=secret,
                 server_public=aggregator_public_key(keys.out_dir),
             ) as intruder:
-                intruder.send([b"let me in"])
+                _send_to_refused(intruder, [b"let me in"])
                 assert server.recv(2.0) is None
                 with CurveClient(ctx, endpoint, keys_dir=keys.out_dir, device=1) as one:
                     one.send([b"still works"])
                     got = server.recv(5.0)
                     assert got is not None and got[1:] == (1, [b"still works"])
-                intruder.send([b"again"])
+                _send_to_refused(intruder, [b"again"])
                 assert server.recv(0.5) is None
         finally:
             plain.close(linger=0)

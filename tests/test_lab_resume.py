@@ -105,6 +105,7 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
             assert last.wait(300) == 0, (seed, kills, procs.log("agg-last"))
         for p in procs.procs[:3]:
             assert p.wait(60) == 0, (seed, kills)
+        print(f"seed {seed}: {kills}")
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "completed", (seed, kills, summary)
         assert summary["rounds_completed"] == rounds

@@ -454,7 +454,9 @@ class CurveClient:
 
         The message waits in the queue while the connection is (re)established; it is
         never delivered if the handshake cannot succeed (key not allowed, wrong server
-        key), and there is no error for that: the protocol above must time out.
+        key), and there is no error for that: the protocol above must time out. Once
+        libzmq has taken the server's refusal as final (a race with its reconnecting), the
+        session is gone and every send waits ``timeout_s`` and raises ``TimeoutError``.
 
         Raises
         ------

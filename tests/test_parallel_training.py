@@ -21,6 +21,7 @@ from testbed.parallel_training import TrainingPool, WorkerFailed, resolve_worker
 from testbed.rundir import RunDir, read_jsonl
 from testbed.runner import run_experiment
 from tests.lab_helpers import processes_mentioning
+from tests.overrides import merge_sets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,8 +191,8 @@ def test_stop_or_kill_mid_round_leaves_no_worker_and_the_run_resumes(
     tmp_path: Path, tiny_overrides: list[str], how: signal.Signals
 ) -> None:
     run, air = tmp_path / "run", tmp_path / "air.jsonl"
-    sets = [*tiny_overrides, "model=mnist-cnn", "local_steps=10", "devices=6", "rounds=3",
-            "workers=2", "eval_subset=null"]
+    sets = merge_sets(tiny_overrides, ["model=mnist-cnn", "local_steps=10", "devices=6",
+                                       "rounds=3", "workers=2", "eval_subset=null"])
     proc = _start(run, sets, air)
     _wait_mid_round(proc, air, 8)  # round 1 under way: some uploads sent, some training
     assert len(processes_mentioning(str(run))) == 3  # the run and its two workers

@@ -16,6 +16,7 @@ from testbed.cli.main import main
 from testbed.config.loader import load_experiment
 from testbed.rundir import RunDir, RunDirError, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
+from tests.overrides import merge_sets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +124,7 @@ def test_sigint_leaves_a_consistent_run_directory(
 ) -> None:
     out = tmp_path / "run"
     args = [sys.executable, "-m", "testbed", "run", "--no-progress", "--out", str(out)]
-    for o in [*tiny_overrides, "rounds=200"]:
+    for o in merge_sets(tiny_overrides, ["rounds=200"]):
         args += ["--set", o]
     proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120

@@ -19,6 +19,7 @@ from aggregator.solver.calibration import (
     uploads_to_target,
 )
 from aggregator.solver.compression_terms import DECODED_NOISE_MODEL, decoded_noise_energy
+from tests.overrides import merge_sets
 
 
 def synthetic_runs(beta1: float, beta2: float, rng: np.random.Generator, noise: float = 0.0):
@@ -170,7 +171,7 @@ def test_design_problem_refuses_grids_that_cannot_identify_both_constants() -> N
 
 def _record_sets(tiny_overrides: list[str], *extra: str) -> list[str]:
     """``--set`` flags of a tiny record-level FedSGD config (upload noise, one step)."""
-    sets = [*tiny_overrides, "local_steps=1", "privacy.noise=upload", "lr=0.3", *extra]
+    sets = merge_sets(tiny_overrides, ["local_steps=1", "privacy.noise=upload", "lr=0.3"], extra)
     return [a for o in sets for a in ("--set", o)]
 
 

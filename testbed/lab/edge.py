@@ -162,6 +162,7 @@ class EdgeAgent:
         #: aggregator asks for either again under the recorded nonce (testbed.lab.resume).
         self.adopted: set[str] = set()
         self.last_sent: tuple[str, dict[str, Any], bytes] | None = None
+        self.resend_ok: str | None = None  # last_sent's nonce once a sync recorded it
         self.dropped = 0
         self.uploads = 0
         self.refusals = 0
@@ -352,6 +353,8 @@ class EdgeAgent:
             self.book.commit(mine, nonce)
             log.info("device %d: recorded upload %s of round %d as the aggregator did",
                      self.device, nonce, data["round"])
+        if self.last_sent is not None and self.last_sent[0] in theirs:
+            self.resend_ok = self.last_sent[0]  # a restarted aggregator may ask for it again
         missing = recorded - theirs
         if missing:
             log.warning("device %d: the aggregator holds no record of %d uploads of this "
@@ -373,7 +376,7 @@ class EdgeAgent:
     def _on_round(self, client: CurveClient, msg: Message) -> None:
         assert self.worker is not None
         t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
-        if self.last_sent is not None and self.last_sent[0] == nonce and tx_time is None:
+        if self.last_sent is not None and self.last_sent[0] == nonce == self.resend_ok:
             self._send(client, "upload", *self.last_sent[1:])  # the same upload, again
             return
         again = nonce in self.adopted  # recorded already; no second record

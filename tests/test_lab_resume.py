@@ -115,6 +115,10 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
         twice = {key: n for key, n in _rounds_per_device(run).items() if n > 1}
         assert not twice, (seed, kills, twice)
         assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(3)})
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        again = [(m["round"], d["device"]) for m in lines for d in m["devices"]
+                 if d.get("sent_again")]
+        assert again, (seed, kills)  # lab_after_request leaves recorded, unkept uploads
         for i in range(3):
             edge = Counter(e["round"] for e in ledger_by_nonce(
                 tmp_path / f"edge-{i}" / "ledger.jsonl").values())

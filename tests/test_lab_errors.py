@@ -129,3 +129,24 @@ def test_edge_whose_key_is_not_listed_says_so(tmp_path: Path) -> None:
     finally:
         procs.close()
     assert not processes_mentioning(str(tmp_path))
+
+
+def test_resume_of_a_lab_run_with_an_edited_config_is_refused(
+    tmp_path: Path, tiny_overrides: list[str]
+) -> None:
+    """``config.yaml`` is pinned in ``meta.json`` when the lab run starts: a resume after
+    an edit names the key and refuses before any round (no edges needed)."""
+    from testbed.config.loader import load_experiment, load_hardware
+    from testbed.lab.resume import open_run
+    from testbed.rundir import RunDirError
+
+    cfg = load_experiment(None, [*tiny_overrides, "devices=2"])
+    hw = load_hardware(cfg.hw_config)
+    rundir, *_ = open_run(None, cfg, hw, tmp_path / "lab")
+    rundir.close()
+    path = tmp_path / "lab" / "config.yaml"
+    text = path.read_text()
+    assert "rounds: " in text
+    path.write_text(text.replace(f"rounds: {cfg.rounds}\n", f"rounds: {cfg.rounds + 7}\n"))
+    with pytest.raises(RunDirError, match=r"rounds was .* now .*refusing to resume"):
+        open_run(tmp_path / "lab", None, None, None)

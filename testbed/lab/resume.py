@@ -71,7 +71,7 @@ def open_run(
     """
     from testbed.config.loader import load_experiment, load_hardware
     from testbed.links import check_link_config
-    from testbed.recovery import resume_point
+    from testbed.recovery import check_config_pin, resume_point
     from testbed.runner import _write_metadata
 
     if resume_dir is not None:
@@ -80,6 +80,7 @@ def open_run(
         try:
             cfg = load_experiment(rundir.path / "config.yaml")
             hw = load_hardware(str(rundir.path / "hw_config.yaml"))
+            check_config_pin(rundir, cfg, hw)
             point = resume_point(rundir, private=cfg.scheme != "fedavg")
             summary = None
             if rundir.summary_path.exists():

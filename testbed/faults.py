@@ -5,8 +5,10 @@
 the order one upload meets them: ``after_intent`` (journalled, not yet on air),
 ``after_transmit`` (on air, not yet in the ledger), ``after_commit`` (in the ledger, not yet
 kept in ``inflight/``), ``after_inflight``; and per round ``after_checkpoint`` (checkpoint
-written, metrics line not yet appended). The edge agent's: ``edge_before_intent`` (trained,
-not yet journalled) and ``edge_after_intent`` (journalled, upload not yet sent).
+written, metrics line not yet appended). The lab aggregator's: ``lab_after_request`` (the
+upload journalled and asked for, nothing received yet). The edge agent's:
+``edge_before_intent`` (trained, not yet journalled) and ``edge_after_intent`` (journalled,
+upload not yet sent).
 
 ``TESTBED_PAUSE=NAME`` stops the process at the pause point ``NAME`` (it writes ``paused at
 NAME`` on stderr, then sleeps), so that a test can signal it at a known place: ``cli_startup``

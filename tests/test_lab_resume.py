@@ -26,6 +26,7 @@ from tests.lab_helpers import (
     sets,
     tb_cmd,
 )
+from tests.overrides import merge_sets
 
 
 def _lab(tmp_path: Path, devices: int) -> tuple[Path, str, Procs]:
@@ -86,7 +87,8 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
                     "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys),
                     "--out", str(run), "--round-timeout", "60", "--join-timeout", "120",
                     "--no-progress", "--no-report",
-                    *sets([*RECORD_SETS, "devices=3", f"rounds={rounds}"])), env=env)
+                    *sets(merge_sets(RECORD_SETS, ["scheme=ldp-fedavg", "devices=3",
+                                                   f"rounds={rounds}"]))), env=env)
             else:
                 agg = procs.start(f"agg-{k}", _resume(keys, endpoint, run), env=env)
             if fault is None:  # a random moment once a round is under way
@@ -128,19 +130,23 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.parametrize("scheme", ["ldp-fedavg", "channel-dp"])
 def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
-    tmp_path: Path,
+    tmp_path: Path, scheme: str,
 ) -> None:
     """The crash between device 0's ledger record and ``inflight/`` (device 1's intent
-    journalled): both are charged once for the round, asked again under the recorded nonces
-    and their uploads used; the edges adopt the records."""
+    journalled): both are charged once for the round; the edges adopt the records. Without
+    channel credit (ldp-fedavg) both are asked again under the recorded nonces and their
+    uploads used; with it (channel-dp) neither is asked (a second reception would average
+    the credited channel noise down), so the round has no upload of theirs."""
     keys, endpoint, procs = _lab(tmp_path, 2)
     run = tmp_path / "agg"
     try:
         agg = procs.start("agg", tb_cmd(
             "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys), "--out",
             str(run), "--round-timeout", "60", "--join-timeout", "120", "--no-progress",
-            "--no-report", *sets([*RECORD_SETS, "devices=2", "rounds=3"])),
+            "--no-report", *sets(merge_sets(RECORD_SETS, [f"scheme={scheme}", "devices=2",
+                                                          "rounds=3"]))),
             env={"TESTBED_FAULT": "after_commit:3"})  # round 1, device 0
         edges = [procs.start(f"edge-{i}", _edge(keys, endpoint, tmp_path, i))
                  for i in range(2)]
@@ -152,9 +158,13 @@ def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
         assert max(_rounds_per_device(run).values()) == 1, _rounds_per_device(run)
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 3
-        for dev in lines[1]["devices"]:  # both recorded before the crash, both sent again
-            assert dev["sent_again"] and dev["transmitted"] is True, dev
-        assert lines[1]["uploads"] == 2
+        for dev in lines[1]["devices"]:  # both recorded before the crash
+            if scheme == "ldp-fedavg":  # both sent again, both used
+                assert dev["sent_again"] and dev["transmitted"] is True, dev
+            else:  # charged once, not asked: lost, and the metrics say why
+                assert dev["lost"] and dev["charged"] and not dev.get("sent_again"), dev
+                assert "credits channel noise" in dev["error"], dev
+        assert lines[1]["uploads"] == (2 if scheme == "ldp-fedavg" else 0)
         assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(2)})
     finally:
         procs.close()

@@ -127,16 +127,38 @@ def lost_entry(i: int, why: str) -> dict[str, Any]:
             "error": f"recorded before the aggregator restarted, not received: {why}"}
 
 
+def credits_channel(event: Any) -> bool:
+    """Whether a recorded event credits channel noise (a fraction of ``n0`` counted)."""
+    return float(getattr(event, "trusted_channel_noise", 0.0)) > 0 and \
+        float(getattr(event, "n0", 0.0)) > 0
+
+
 def ask_again(agg: Any, t: int, charged: dict[int, tuple[str, Any]]) -> set[int]:
     """Ask each charged device that is connected to send its upload of round ``t`` again,
-    under the recorded nonce (simulated links only: over USRPs a second burst would be a
-    second release). The edge resends the very upload it sent (or, if it never began that
-    upload, trains and sends it), so the one record covers it. Returns the devices asked."""
+    under the recorded nonce. The edge resends the very upload it sent (or, if it never
+    began that upload, trains and sends it), so the one record covers it: the same values
+    released twice reveal nothing more, *provided nothing fresh is added on the way*.
+
+    Not asked (the update is lost, charged once, the metrics say why):
+
+    * over USRPs: a second burst would be a second release;
+    * when the record credits channel noise: the receiver would add fresh channel noise to
+      the same upload, and two receptions average it down (``n0 / 2``), while the one
+      record credits ``n0`` once. Only an upload whose record credits no channel noise is
+      asked again.
+
+    Returns the devices asked.
+    """
     if agg._split is not None:
         return set()
     weights = np.ascontiguousarray(agg.w, dtype="<f8").tobytes()
     asked = set()
     for i, (nonce, event) in sorted(charged.items()):
+        if credits_channel(event):
+            agg._settled[i] = lost_entry(
+                i, "not asked again: its record credits channel noise, and a second "
+                "reception of the same upload would average that noise down")
+            continue
         if not agg.plane.ready(i):
             continue
         agg._pending[i] = (nonce, event)

@@ -113,8 +113,8 @@ def test_runner_consumes_the_plan(
 
     sets = [a for o in [*tiny_overrides, *DP_CLIP] for a in ("--set", o)]
     scn = write_scenario(tmp_path / "scn.yaml", h=1.0, beta1=0.3, beta2=1e-7, q_max=64)
-    assert main(["plan", *sets, "--set", "privacy.epsilon=50", "--set",
-                 "privacy.accounting=paper", "--scenario", str(scn), "--no-peers",
+    assert main(["plan", *sets, "--set", "privacy.epsilon=50", "--scenario", str(scn),
+                 "--no-peers",
                  "--out", str(tmp_path / "plan.yaml")]) == 0
     capsys.readouterr()
     plan = load_plan(tmp_path / "plan.yaml")

@@ -618,9 +618,10 @@ class Experiment:
         cfg = self.cfg
         default = cfg.sample_devices if cfg.sample_devices is not None else cfg.devices
         over = default if n_avg is None else max(1, n_avg)
-        self.w = timer.timed(
-            "aggregate", lambda: global_update(self.w, average(decoded, over), cfg.lr)
-        )
+        if decoded:  # nothing received (every upload lost): the model stays as it is
+            self.w = timer.timed(
+                "aggregate", lambda: global_update(self.w, average(decoded, over), cfg.lr)
+            )
         lost = [d["device"] for d in per_device if d.get("lost")]
         train_loss = float(np.mean(losses)) if losses else float("nan")
         line: dict[str, Any] = {

@@ -211,3 +211,22 @@ def test_record_on_a_link_without_iq_is_bad_input_before_any_work(
     code, summary, text = _cli_run(tmp_path, [*tiny_overrides, "record=true"], capsys)
     assert code == 2 and summary is None and not (tmp_path / "run").exists()
     assert "config key 'record'" in text and "waveform" in text
+
+
+def test_round_with_every_upload_lost_leaves_the_model_and_goes_on(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All four uploads of round 1 lost: the round commits with the model unchanged (it
+    used to fail with "no differential to average"), every upload still charged."""
+    _with_link_faults(monkeypatch, {(i, 1): LinkError for i in range(4)})
+    cfg = load_experiment(
+        None,
+        [*tiny_overrides, "scheme=channel-dp", "privacy.epsilon=40", "privacy.noise_multiplier=20"],
+    )
+    summary = run_experiment(cfg, tmp_path / "run")
+    assert summary["status"] == "completed", summary
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["uploads"] for m in lines] == [4, 0, 4]
+    assert [m["lost_uploads"] for m in lines] == [0, 4, 0]
+    with Ledger.open(tmp_path / "run" / "ledger.jsonl") as ledger:
+        assert len(ledger.events()) == 12

@@ -557,8 +557,7 @@ class LabAggregator(Experiment):
         if failure is not None:
             raise failure
         n_avg = cfg.devices - len(unselected) if cfg.scheme in SAMPLED_SCHEMES else None
-        line = self._close_round(t, decoded or [np.zeros(self.d)], losses, per_device, timer,
-                                 t0, n_avg=n_avg)  # nothing received: the model stays
+        line = self._close_round(t, decoded, losses, per_device, timer, t0, n_avg=n_avg)
         line["uploads"] = len(decoded)
         if slots:
             line["tdma_guard_s"] = next(iter(slots.values())).guard_s

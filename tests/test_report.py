@@ -124,6 +124,12 @@ def test_record_unit_report(runs: dict[str, Path], tmp_path: Path,
     assert "| unit | record |" in report and "| delta | 1e-05 |" in report
     assert "| enforced accountant | rdp |" in report
     assert f"| trust assumption | {summary['privacy']['trust']} |" in report
+    # What was credited (ldp-fedavg credits no channel noise), not only what was configured.
+    channel = summary["privacy"]["channel_noise"]
+    assert channel["credited_fraction"] == 0 and channel["reason"]
+    assert "| channel-noise fraction credited | 0 | summary.json: privacy.channel_noise." \
+        "credited_fraction |" in report
+    assert f"| why none credited | {channel['reason']} |" in report
     # Energy: the summary's per-device totals and the computing-energy source.
     energy = _table_rows(report, "device | computing (J)")
     for i, row in enumerate(energy[:4]):

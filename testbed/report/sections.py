@@ -181,6 +181,13 @@ def settings_table(run: RunData) -> Table:
         if cell.op is not None:
             t.rows.append([label("link used"), cell, label(f"{file}: link")])
             break
+    if run.private:  # what was credited, which may be less than the configured fraction
+        for key, what in (("credited_fraction", "channel-noise fraction credited"),
+                          ("source", "channel noise source"), ("reason", "why none credited")):
+            cell = value_cell(run.summary, SUMMARY, ("privacy", "channel_noise", key))
+            if cell.op is not None and cell.text not in ("", "''"):
+                t.rows.append([label(what), cell,
+                               label(f"{SUMMARY}: privacy.channel_noise.{key}")])
     for key, what in (("name", "hardware config"), ("symbol_rate_hz", "symbol rate (Hz)"),
                       ("tx_power_ref_w", "reference transmit power (W)")):
         cell = value_cell(run.hw_config, "hw_config.yaml", (key,))

@@ -102,6 +102,12 @@ class SplitReceiverLink(Link):
     name = "usrp"
     exact_state = False
 
+    @property
+    def noise_is_secret(self) -> bool:
+        """``True``: the receiver's own thermal noise, drawn by no generator (as
+        :attr:`radio.usrp_link.UsrpLink.noise_is_secret`)."""
+        return True
+
     def __init__(self, receiver: SlotReceiver) -> None:
         self.receiver = receiver
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from testbed.data.idx import write_idx
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT its default meaning in this process and so in every process a test
+    starts. A shell starts a background job (``make test &``, some CI runners) with SIGINT
+    ignored, every child inherits that, and Python then installs no KeyboardInterrupt
+    handler: the tests that stop a ``testbed`` process with SIGINT would wait in vain. A
+    handled signal is reset to the default on ``exec``, an ignored one is not."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_idx_dataset(

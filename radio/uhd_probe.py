@@ -8,6 +8,7 @@ runs ``uhd.find`` in a short subprocess of ``/usr/bin/python3`` and reads back J
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 
@@ -18,6 +19,35 @@ _SCRIPT = (
     "found = [dict(d.to_dict()) for d in uhd.find({args!r})]\n"
     "print('JSON:' + json.dumps(found))\n"
 )
+
+
+#: Set to ``1`` (the test suite does, for itself and every process it starts) to let
+#: discovery ask only the loopback address: UHD's discovery packets then never leave the host.
+LOOPBACK_ONLY_ENV = "TESTBED_UHD_LOOPBACK_ONLY"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def check_loopback_only(args: str) -> None:
+    """Refuse device ``args`` that would send discovery off the host while
+    :data:`LOOPBACK_ONLY_ENV` is ``1``: only ``addr=127.0.0.1`` (or ``localhost``,
+    ``::1``) is allowed; empty args (a broadcast to every interface) are not.
+
+    Raises
+    ------
+    RuntimeError
+        Naming the args and the variable.
+    """
+    if os.environ.get(LOOPBACK_ONLY_ENV) != "1":
+        return
+    fields = dict(
+        (part.split("=", 1)[0].strip(), part.split("=", 1)[1].strip())
+        for part in args.split(",") if "=" in part
+    )
+    if fields.get("addr") not in _LOOPBACK:
+        raise RuntimeError(
+            f"UHD discovery with device args {args!r} refused: {LOOPBACK_ONLY_ENV}=1 allows "
+            "only addr=127.0.0.1 (discovery would leave the host)"
+        )
 
 
 @dataclass(frozen=True)
@@ -40,7 +70,14 @@ class ProbeResult:
 
 
 def find_usrps(args: str = "", python: str = SYSTEM_PYTHON, timeout_s: float = 60.0) -> ProbeResult:
-    """List the USRPs UHD finds for device ``args`` (``""``: all)."""
+    """List the USRPs UHD finds for device ``args`` (``""``: all).
+
+    Raises
+    ------
+    RuntimeError
+        ``args`` other than the loopback address while :data:`LOOPBACK_ONLY_ENV` is ``1``.
+    """
+    check_loopback_only(args)
     try:
         out = subprocess.run(
             [python, "-c", _SCRIPT.format(args=args)],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from radio.uhd_probe import LOOPBACK_ONLY_ENV
 from testbed.data.idx import write_idx
 
 
@@ -19,6 +21,12 @@ def pytest_configure(config: pytest.Config) -> None:
     handled signal is reset to the default on ``exec``, an ignored one is not."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Device addresses in tests (192.168.10.x of lab_ota.yaml) are config strings, checked
+    # or handed to injected finders; UHD discovery itself may ask only the loopback
+    # address, in this process and every process a test starts (the hardware contract,
+    # TESTBED_USRP=1, is the exception).
+    if os.environ.get("TESTBED_USRP") != "1":
+        os.environ[LOOPBACK_ONLY_ENV] = "1"
 
 
 def make_idx_dataset(

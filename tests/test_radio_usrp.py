@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -113,3 +114,16 @@ print(calls)
         assert expected in out, out
     assert "set_time_source" not in out  # --time-source none leaves it alone
     assert "tx: rate 1.0 S/s" in out
+
+
+def test_discovery_off_the_host_is_refused_in_the_test_suite() -> None:
+    """The suite sets TESTBED_UHD_LOOPBACK_ONLY=1: lab addresses and a broadcast (empty
+    args) are refused before UHD is asked; the loopback address is allowed."""
+    from radio.uhd_probe import LOOPBACK_ONLY_ENV, check_loopback_only
+
+    assert os.environ.get(LOOPBACK_ONLY_ENV) == "1"
+    for args in ("addr=192.168.10.11", "", "type=b200", " addr = 10.0.0.2 ,type=usrp2"):
+        with pytest.raises(RuntimeError, match="discovery would leave the host"):
+            find_usrps(args)
+    check_loopback_only("addr=127.0.0.1")
+    check_loopback_only(" addr = 127.0.0.1 , type=usrp2")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +40,6 @@ from testbed.links import link_name
 from testbed.schemes import SCHEMES
 
 if TYPE_CHECKING:
-    from testbed.record_schemes import RecordSettings
     from testbed.schemes import DeviceUplink
 
 #: Complex samples per CSPRNG draw (bounds the float64 scratch to ~4 MB).
@@ -184,18 +183,6 @@ def credited_config(cfg: ExperimentConfig, hw: HardwareConfig) -> ExperimentConf
         )
     privacy = cfg.privacy.model_copy(update={"trusted_channel_noise": credit.fraction})
     return cfg.model_copy(update={"privacy": privacy})
-
-
-def settle_record_credit(
-    pairs: Sequence[tuple[DeviceUplink, RecordSettings | None]],
-) -> list[tuple[DeviceUplink, RecordSettings | None]]:
-    """Record settings say ``credit_channel`` only where some channel noise is credited
-    (``up.trusted > 0``), so the summary's ``channel_credited`` matches the events."""
-    return [
-        (up, rs if rs is None or up.trusted > 0 or not rs.credit_channel
-         else replace(rs, credit_channel=False))
-        for up, rs in pairs
-    ]
 
 
 def channel_noise_report(

@@ -246,7 +246,8 @@ def resolve_record_uplinks(
     spec = SCHEMES[cfg.scheme]
     l = kept_coordinates(cfg, d)
     levels = quant_levels(cfg)
-    credit = spec.credit_channel and pc.noise == "upload" and levels is None
+    credit = (spec.credit_channel and pc.noise == "upload" and levels is None
+              and pc.trusted_channel_noise > 0)
     trusted = pc.trusted_channel_noise if credit else 0.0
     per_step = pc.noise == "per-step"
     steps_per_round = cfg.local_steps if per_step else 1

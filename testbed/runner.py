@@ -41,7 +41,7 @@ from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed import __version__
 from testbed.blas_threads import limit_blas_threads
-from testbed.channel_credit import channel_noise_source, credited_config, settle_record_credit
+from testbed.channel_credit import channel_noise_source, credited_config
 from testbed.config.experiment import ExperimentConfig
 from testbed.config.hardware import HardwareConfig
 from testbed.config.loader import ConfigError, dump_yaml, load_experiment, load_hardware
@@ -148,7 +148,7 @@ def device_settings(
     chosen = list(first.values()) if cfg.plan is None else list(range(n))
     pairs: list[tuple[DeviceUplink, RecordSettings | None]]
     if unit == "record":
-        pairs = settle_record_credit(resolve_record_uplinks(cfg, hw, d, dataset_sizes, chosen))
+        pairs = list(resolve_record_uplinks(cfg, hw, d, dataset_sizes, devices=chosen))
     else:
         pairs = [(up, None) for up in resolve_uplinks(cfg, hw, d, devices=chosen)]
     if cfg.plan is not None:

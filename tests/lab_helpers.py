@@ -40,6 +40,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def new_lab(tmp_path: Path, devices: int) -> tuple[Path, str, Procs]:
+    """Keys for ``devices`` edges in ``tmp_path/keys``, a free loopback endpoint, and the
+    test's process list (logs in ``tmp_path/logs``)."""
+    from testbed.lab.curve_keys import generate_keys
+
+    keys = tmp_path / "keys"
+    generate_keys(keys, devices)
+    return keys, f"tcp://127.0.0.1:{free_port()}", Procs(tmp_path / "logs")
+
+
+def edge_cmd(keys: Path, endpoint: str, state_root: Path, i: int, *extra: str) -> list[str]:
+    """``testbed edge`` of device ``i``, its state in ``state_root/edge-<i>``."""
+    return tb_cmd("edge", "--connect", endpoint, "--device-id", str(i), "--keys", str(keys),
+                  "--state-dir", str(state_root / f"edge-{i}"), *extra)
+
+
+def intruder_keys(tmp_path: Path, keys: Path) -> Path:
+    """A key folder for device 0 with a key pair the aggregator of ``keys`` does not list
+    (it trusts the aggregator's public key): ``tmp_path/intruder``."""
+    from testbed.lab.curve_keys import generate_keys
+
+    other = tmp_path / "other"
+    generate_keys(other, 1)
+    intruder = tmp_path / "intruder"
+    intruder.mkdir()
+    for name in ("device-0.key", "device-0.key_secret"):
+        (intruder / name).write_bytes((other / name).read_bytes())
+        (intruder / name).chmod(0o600)
+    (intruder / "aggregator.key").write_bytes((keys / "aggregator.key").read_bytes())
+    return intruder
+
+
 class Procs:
     """Processes of one test; every one is killed at the end, whatever happened."""
 

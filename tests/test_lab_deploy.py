@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from testbed.config.loader import load_experiment
-from testbed.lab.curve_keys import generate_keys
 from testbed.lab.launch import launch
 from testbed.runner import run_experiment
 from tests.lab_helpers import (
     PLAIN_SETS,
     RECORD_CONFIG,
     RECORD_SETS,
-    Procs,
     assert_ledgers_agree,
-    free_port,
+    edge_cmd,
+    intruder_keys,
+    new_lab,
     processes_mentioning,
     sets,
     tb_cmd,
@@ -63,32 +63,21 @@ def test_launch_over_the_gnuradio_channel_emulator(tmp_path: Path) -> None:
     assert not processes_mentioning(str(tmp_path))
 
 
-def _lab(tmp_path: Path, devices: int) -> tuple[Path, str, Procs]:
-    keys = tmp_path / "keys"
-    generate_keys(keys, devices)
-    return keys, f"tcp://127.0.0.1:{free_port()}", Procs(tmp_path / "logs")
-
-
-def _edge(keys: Path, endpoint: str, tmp_path: Path, i: int, *extra: str) -> list[str]:
-    return tb_cmd("edge", "--connect", endpoint, "--device-id", str(i), "--keys", str(keys),
-                   "--state-dir", str(tmp_path / f"edge-{i}"), *extra)
-
-
 def test_edge_killed_mid_round_rejoins_and_ledgers_agree(tmp_path: Path) -> None:
-    keys, endpoint, procs = _lab(tmp_path, 3)
+    keys, endpoint, procs = new_lab(tmp_path, 3)
     run = tmp_path / "agg"
     try:
         agg = procs.start("agg", tb_cmd(
             "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys), "--out",
             str(run), "--round-timeout", "8", "--join-timeout", "120", "--no-progress",
             "--rejoin-wait", "120", *sets([*RECORD_SETS, "devices=3", "rounds=6"])))
-        procs.start("edge-0", _edge(keys, endpoint, tmp_path, 0))
-        procs.start("edge-2", _edge(keys, endpoint, tmp_path, 2))
+        procs.start("edge-0", edge_cmd(keys, endpoint, tmp_path, 0))
+        procs.start("edge-2", edge_cmd(keys, endpoint, tmp_path, 2))
         # device 1 dies (SIGKILL) in round 2, journalled but before its upload left
-        victim = procs.start("edge-1", _edge(keys, endpoint, tmp_path, 1),
+        victim = procs.start("edge-1", edge_cmd(keys, endpoint, tmp_path, 1),
                              env={"TESTBED_FAULT": "edge_after_intent:3"})
         assert victim.wait(180) == -9
-        procs.start("edge-1b", _edge(keys, endpoint, tmp_path, 1))
+        procs.start("edge-1b", edge_cmd(keys, endpoint, tmp_path, 1))
         assert agg.wait(240) == 0, procs.log("agg")
         for p in procs.procs[1:]:
             if p is not victim:
@@ -105,7 +94,7 @@ def test_edge_killed_mid_round_rejoins_and_ledgers_agree(tmp_path: Path) -> None
 
 
 def test_aggregator_killed_resumes_and_ledgers_agree(tmp_path: Path) -> None:
-    keys, endpoint, procs = _lab(tmp_path, 3)
+    keys, endpoint, procs = new_lab(tmp_path, 3)
     run = tmp_path / "agg"
     try:
         agg = procs.start("agg", tb_cmd(
@@ -113,7 +102,7 @@ def test_aggregator_killed_resumes_and_ledgers_agree(tmp_path: Path) -> None:
             str(run), "--round-timeout", "30", "--join-timeout", "120", "--no-progress",
             *sets([*RECORD_SETS, "devices=3", "rounds=5"])),
             env={"TESTBED_FAULT": "after_commit:8"})  # round 2, second upload
-        edges = [procs.start(f"edge-{i}", _edge(keys, endpoint, tmp_path, i,
+        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i,
                                                 "--rejoin-after", "2")) for i in range(3)]
         assert agg.wait(180) == -9
         again = procs.start("agg-resume", tb_cmd(
@@ -131,7 +120,7 @@ def test_aggregator_killed_resumes_and_ledgers_agree(tmp_path: Path) -> None:
 
 
 def test_edge_refuses_past_its_own_target(tmp_path: Path) -> None:
-    keys, endpoint, procs = _lab(tmp_path, 2)
+    keys, endpoint, procs = new_lab(tmp_path, 2)
     run = tmp_path / "agg"
     cap = 3.5
     try:
@@ -140,8 +129,8 @@ def test_edge_refuses_past_its_own_target(tmp_path: Path) -> None:
             str(run), "--round-timeout", "60", "--join-timeout", "120", "--no-progress",
             *sets(["train_samples=4000", "eval_samples=300", "batch_size=256",
                    "scheme=ldp-fedavg", "eval_every=100", "devices=2", "rounds=6"])))
-        procs.start("edge-0", _edge(keys, endpoint, tmp_path, 0))
-        procs.start("edge-1", _edge(keys, endpoint, tmp_path, 1, "--max-epsilon", str(cap)))
+        procs.start("edge-0", edge_cmd(keys, endpoint, tmp_path, 0))
+        procs.start("edge-1", edge_cmd(keys, endpoint, tmp_path, 1, "--max-epsilon", str(cap)))
         assert agg.wait(240) == 0, procs.log("agg")
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         refused = [line["round"] for line in lines if line["devices"][1].get("refused")]
@@ -157,20 +146,13 @@ def test_edge_refuses_past_its_own_target(tmp_path: Path) -> None:
 
 
 def test_edge_whose_key_is_not_allowed_is_refused(tmp_path: Path) -> None:
-    keys, endpoint, procs = _lab(tmp_path, 1)
-    other = tmp_path / "other"
-    generate_keys(other, 1)
-    intruder = tmp_path / "intruder"
-    intruder.mkdir()
-    for name in ("device-0.key", "device-0.key_secret"):
-        (intruder / name).write_bytes((other / name).read_bytes())
-        (intruder / name).chmod(0o600)
-    (intruder / "aggregator.key").write_bytes((keys / "aggregator.key").read_bytes())
+    keys, endpoint, procs = new_lab(tmp_path, 1)
+    intruder = intruder_keys(tmp_path, keys)
     try:
         agg = procs.start("agg", tb_cmd(
             "aggregator", "--bind", endpoint, "--keys", str(keys), "--out", str(tmp_path / "a"),
             "--join-timeout", "6", "--no-progress", *sets([*PLAIN_SETS, "devices=1"])))
-        procs.start("edge", _edge(intruder, endpoint, tmp_path, 0))
+        procs.start("edge", edge_cmd(intruder, endpoint, tmp_path, 0))
         assert agg.wait(120) == 2
         assert "devices [0] did not join" in procs.log("agg")
         assert not (tmp_path / "a").exists()  # nothing ran, nothing left
@@ -178,7 +160,7 @@ def test_edge_whose_key_is_not_allowed_is_refused(tmp_path: Path) -> None:
         procs.close()
 
 
-def test_fedsgd_dpc_round_robin_in_the_lab(tmp_path: Path) -> None:
+def test_fedsgd_dpc_round_robin_in_thenew_lab(tmp_path: Path) -> None:
     out = tmp_path / "lab"
     code = launch(RECORD_CONFIG, 4, out, overrides=[
         *RECORD_SETS[:3], "scheme=fedsgd-dpc", "privacy.noise=per-step", "local_steps=1",

@@ -14,6 +14,7 @@ from tests.lab_helpers import (
     ROOT,
     Procs,
     free_port,
+    intruder_keys,
     processes_mentioning,
     sets,
     tb_cmd,
@@ -104,14 +105,7 @@ def test_edge_whose_key_is_not_listed_says_so(tmp_path: Path) -> None:
     its join timeout the edge names the address and the allow-list, exit 2."""
     keys = tmp_path / "keys"
     generate_keys(keys, 1)
-    other = tmp_path / "other"
-    generate_keys(other, 1)
-    intruder = tmp_path / "intruder"
-    intruder.mkdir()
-    for name in ("device-0.key", "device-0.key_secret"):
-        (intruder / name).write_bytes((other / name).read_bytes())
-        (intruder / name).chmod(0o600)
-    (intruder / "aggregator.key").write_bytes((keys / "aggregator.key").read_bytes())
+    intruder = intruder_keys(tmp_path, keys)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     procs = Procs(tmp_path / "logs")
     try:

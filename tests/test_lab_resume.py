@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.lab.curve_keys import generate_keys
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,
-    Procs,
     assert_ledgers_agree,
-    free_port,
+    edge_cmd,
     ledger_by_nonce,
+    new_lab,
     processes_mentioning,
     sets,
     tb_cmd,
@@ -29,15 +28,15 @@ from tests.lab_helpers import (
 from tests.overrides import merge_sets
 
 
-def _lab(tmp_path: Path, devices: int) -> tuple[Path, str, Procs]:
-    keys = tmp_path / "keys"
-    generate_keys(keys, devices)
-    return keys, f"tcp://127.0.0.1:{free_port()}", Procs(tmp_path / "logs")
-
-
 def _edge(keys: Path, endpoint: str, tmp_path: Path, i: int, *extra: str) -> list[str]:
-    return tb_cmd("edge", "--connect", endpoint, "--device-id", str(i), "--keys", str(keys),
-                  "--state-dir", str(tmp_path / f"edge-{i}"), "--rejoin-after", "1", *extra)
+    return edge_cmd(keys, endpoint, tmp_path, i, "--rejoin-after", "1", *extra)
+
+
+def _start(keys: Path, endpoint: str, run: Path, values: list[str],
+           round_timeout_s: int = 60) -> list[str]:
+    return tb_cmd("aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys),
+                  "--out", str(run), "--round-timeout", str(round_timeout_s),
+                  "--join-timeout", "120", "--no-progress", "--no-report", *sets(values))
 
 
 def _resume(keys: Path, endpoint: str, run: Path, *extra: str) -> list[str]:
@@ -68,7 +67,7 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
     delays), each followed by ``--resume`` with the same edges still running."""
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
-    keys, endpoint, procs = _lab(tmp_path, 3)
+    keys, endpoint, procs = new_lab(tmp_path, 3)
     run = tmp_path / "agg"
     rounds = 8
     points = ["lab_after_request", "after_commit", "after_inflight", "after_transmit", "delay"]
@@ -83,12 +82,9 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
             fault = None if point == "delay" else f"{point}:{rng.randint(1, most)}"
             env = {"TESTBED_FAULT": fault} if fault else None
             if k == 0:
-                agg = procs.start("agg-0", tb_cmd(
-                    "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys),
-                    "--out", str(run), "--round-timeout", "60", "--join-timeout", "120",
-                    "--no-progress", "--no-report",
-                    *sets(merge_sets(RECORD_SETS, ["scheme=ldp-fedavg", "devices=3",
-                                                   f"rounds={rounds}"]))), env=env)
+                agg = procs.start("agg-0", _start(keys, endpoint, run, merge_sets(
+                    RECORD_SETS, ["scheme=ldp-fedavg", "devices=3", f"rounds={rounds}"])),
+                    env=env)
             else:
                 agg = procs.start(f"agg-{k}", _resume(keys, endpoint, run), env=env)
             if fault is None:  # a random moment once a round is under way
@@ -139,14 +135,11 @@ def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
     channel credit (ldp-fedavg) both are asked again under the recorded nonces and their
     uploads used; with it (channel-dp) neither is asked (a second reception would average
     the credited channel noise down), so the round has no upload of theirs."""
-    keys, endpoint, procs = _lab(tmp_path, 2)
+    keys, endpoint, procs = new_lab(tmp_path, 2)
     run = tmp_path / "agg"
     try:
-        agg = procs.start("agg", tb_cmd(
-            "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys), "--out",
-            str(run), "--round-timeout", "60", "--join-timeout", "120", "--no-progress",
-            "--no-report", *sets(merge_sets(RECORD_SETS, [f"scheme={scheme}", "devices=2",
-                                                          "rounds=3"]))),
+        agg = procs.start("agg", _start(keys, endpoint, run, merge_sets(
+            RECORD_SETS, [f"scheme={scheme}", "devices=2", "rounds=3"])),
             env={"TESTBED_FAULT": "after_commit:3"})  # round 1, device 0
         edges = [procs.start(f"edge-{i}", _edge(keys, endpoint, tmp_path, i))
                  for i in range(2)]
@@ -176,13 +169,11 @@ def test_edge_killed_in_the_last_round_reconciles_after_the_run_ended(tmp_path: 
     Restarted against the finished run's aggregator (``--resume``), it gets ``finished``,
     adopts the record and exits 0; restarted with no aggregator at all, it gives up after
     its join timeout and exits 0 saying so. Both ledgers end equal."""
-    keys, endpoint, procs = _lab(tmp_path, 2)
+    keys, endpoint, procs = new_lab(tmp_path, 2)
     run = tmp_path / "agg"
     try:
-        agg = procs.start("agg", tb_cmd(
-            "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys), "--out",
-            str(run), "--round-timeout", "10", "--join-timeout", "120", "--no-progress",
-            "--no-report", *sets([*RECORD_SETS, "devices=2", "rounds=2"])))
+        agg = procs.start("agg", _start(keys, endpoint, run,
+                                        [*RECORD_SETS, "devices=2", "rounds=2"], 10))
         procs.start("edge-0", _edge(keys, endpoint, tmp_path, 0))
         victim = procs.start("edge-1", _edge(keys, endpoint, tmp_path, 1),
                              env={"TESTBED_FAULT": "edge_after_intent:2"})  # round 1

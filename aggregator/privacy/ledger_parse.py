@@ -268,18 +268,27 @@ class LineParser:
         if not (d0 > 9 and raw[d0 - 10] in _KEY_BEFORE and raw[n0 - 10] in _KEY_BEFORE
                 and raw[p0 - 9] in _KEY_BEFORE and raw[r0 - 9] in _KEY_BEFORE):
             return None
-        key = (_ALL_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:p0], raw[p1:r0], b"0",
-                                    raw[r1:])))
+        self._cut_prev = raw[p0:p1]
+        return self._from_template(
+            _ALL_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:p0], raw[p1:r0], b"0",
+                                 raw[r1:])), raw, (r0, r1), (d0, d1), (n0, n1))
+
+    def _from_template(self, bits: int, body: bytes, raw: bytes, rnd: tuple[int, int],
+                       dev: tuple[int, int], nonce: tuple[int, int]) -> LedgerEntry | None:
+        """The entry of ``raw`` read through the template of its ``body`` (the line with
+        the values of ``bits`` replaced by placeholders), made on first sight; ``None``
+        when that template cannot be used (the full parse decides)."""
+        key = (bits, body)
         try:
             template = self._templates[key]
         except KeyError:
-            template = self._templates[key] = self._template(_ALL_BITS, key[1])
+            template = self._templates[key] = self._template(bits, body)
         if template is None:
             return None
-        self._cut_prev = raw[p0:p1]
         return LedgerEntry(
-            template.event.for_round_and_device(int(raw[r0:r1]), int(raw[d0:d1])),
-            raw[n0:n1].decode("ascii"),
+            template.event.for_round_and_device(int(raw[rnd[0]:rnd[1]]),
+                                                int(raw[dev[0]:dev[1]])),
+            raw[nonce[0]:nonce[1]].decode("ascii"),
         )
 
     def _fast(self, raw: bytes) -> LedgerEntry | None:
@@ -299,19 +308,10 @@ class LineParser:
             if (d1 < n0 and n1 < p0 and p1 < r0 and d0 > 9 and raw[d0 - 10] in _KEY_BEFORE
                     and raw[n0 - 10] in _KEY_BEFORE and raw[p0 - 9] in _KEY_BEFORE
                     and raw[r0 - 9] in _KEY_BEFORE):
-                key = (_ALL_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:p0],
-                                            raw[p1:r0], b"0", raw[r1:])))
-                try:
-                    template = self._templates[key]
-                except KeyError:
-                    template = self._templates[key] = self._template(_ALL_BITS, key[1])
-                if template is None:
-                    return None
                 self._cut_prev = raw[p0:p1]
-                return LedgerEntry(
-                    template.event.for_round_and_device(int(raw[r0:r1]), int(raw[d0:d1])),
-                    raw[n0:n1].decode("ascii"),
-                )
+                return self._from_template(
+                    _ALL_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:p0], raw[p1:r0],
+                                         b"0", raw[r1:])), raw, (r0, r1), (d0, d1), (n0, n1))
         if round_match is not None and device_match is not None and nonce_match is not None:
             # an unchained line (a ledger from before the chain): device, nonce, round
             d0, d1 = device_match.span(1)
@@ -320,18 +320,9 @@ class LineParser:
             if (prev_match is None and d1 < n0 and n1 < r0 and d0 > 9
                     and raw[d0 - 10] in _KEY_BEFORE and raw[n0 - 10] in _KEY_BEFORE
                     and raw[r0 - 9] in _KEY_BEFORE):
-                key = (_LEGACY_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:r0], b"0",
-                                               raw[r1:])))
-                try:
-                    template = self._templates[key]
-                except KeyError:
-                    template = self._templates[key] = self._template(_LEGACY_BITS, key[1])
-                if template is None:
-                    return None
-                return LedgerEntry(
-                    template.event.for_round_and_device(int(raw[r0:r1]), int(raw[d0:d1])),
-                    raw[n0:n1].decode("ascii"),
-                )
+                return self._from_template(
+                    _LEGACY_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:r0], b"0",
+                                            raw[r1:])), raw, (r0, r1), (d0, d1), (n0, n1))
         return self._fast_any_layout(raw, round_match, device_match, nonce_match, prev_match)
 
     def _fast_any_layout(self, raw: bytes, round_match: re.Match[bytes] | None,

@@ -25,12 +25,15 @@ _SCRIPT = (
 #: discovery ask only the loopback address: UHD's discovery packets then never leave the host.
 LOOPBACK_ONLY_ENV = "TESTBED_UHD_LOOPBACK_ONLY"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+#: Device types UHD finds on the USB bus only (their finder sends nothing on a network).
+_USB_TYPES = {"b200", "b100", "usrp1"}
 
 
 def check_loopback_only(args: str) -> None:
     """Refuse device ``args`` that would send discovery off the host while
     :data:`LOOPBACK_ONLY_ENV` is ``1``: only ``addr=127.0.0.1`` (or ``localhost``,
-    ``::1``) is allowed; empty args (a broadcast to every interface) are not.
+    ``::1``), or a USB-only device type with no address (``type=b200``), is allowed; empty
+    args (a broadcast to every interface) are not.
 
     Raises
     ------
@@ -43,10 +46,11 @@ def check_loopback_only(args: str) -> None:
         (part.split("=", 1)[0].strip(), part.split("=", 1)[1].strip())
         for part in args.split(",") if "=" in part
     )
-    if fields.get("addr") not in _LOOPBACK:
+    usb_only = fields.get("type") in _USB_TYPES and not {"addr", "resource"} & set(fields)
+    if fields.get("addr") not in _LOOPBACK and not usb_only:
         raise RuntimeError(
             f"UHD discovery with device args {args!r} refused: {LOOPBACK_ONLY_ENV}=1 allows "
-            "only addr=127.0.0.1 (discovery would leave the host)"
+            "only addr=127.0.0.1 or a USB-only type (discovery would leave the host)"
         )
 
 

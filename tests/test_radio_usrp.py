@@ -122,8 +122,9 @@ def test_discovery_off_the_host_is_refused_in_the_test_suite() -> None:
     from radio.uhd_probe import LOOPBACK_ONLY_ENV, check_loopback_only
 
     assert os.environ.get(LOOPBACK_ONLY_ENV) == "1"
-    for args in ("addr=192.168.10.11", "", "type=b200", " addr = 10.0.0.2 ,type=usrp2"):
+    for args in ("addr=192.168.10.11", "", "type=usrp2", " addr = 10.0.0.2 ,type=b200"):
         with pytest.raises(RuntimeError, match="discovery would leave the host"):
             find_usrps(args)
     check_loopback_only("addr=127.0.0.1")
     check_loopback_only(" addr = 127.0.0.1 , type=usrp2")
+    check_loopback_only("type=b200,serial=NOTHERE0")  # the USB bus only

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from testbed.models import set_flat
+from testbed.core.models import set_flat
 
 #: Images per forward pass.
 EVAL_BATCH = 500

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Central DP-SGD (Opacus) on pooled Fashion-MNIST: the accuracy a private FL run should approach.
 
-Trains the project's MNIST CNN (``testbed.models.build_model("mnist-cnn", ...)``) on the
+Trains the project's MNIST CNN (``testbed.core.models.build_model("mnist-cnn", ...)``) on the
 whole Fashion-MNIST training set with Opacus' ``PrivacyEngine.make_private_with_epsilon``:
 Poisson-sampled batches of expected size ``--batch``, per-example clipping to ``--clip``,
 Gaussian noise calibrated so that ``--epochs`` epochs spend ``(--epsilon, --delta)``
@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from testbed.bench_figures import figure, format_table
-from testbed.data.datasets import load_dataset
-from testbed.models import build_model
+from testbed.core.data.datasets import load_dataset
+from testbed.core.models import build_model
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 

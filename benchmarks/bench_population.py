@@ -52,8 +52,8 @@ BASE = ["model=logreg", "partition=iid", "batch_size=8", "eval_subset=null",
 
 def child(devices: int, sample: int | None, rounds: int, steps: int, workers: int) -> int:
     """One configuration, in this (child) process: prints one JSON line."""
-    from testbed.config.loader import load_experiment
-    from testbed.rundir import read_jsonl
+    from testbed.core.config.loader import load_experiment
+    from testbed.core.rundir import read_jsonl
     from testbed.runner import run_experiment
 
     sets = [*BASE, f"devices={devices}", f"rounds={rounds}", f"local_steps={steps}",

@@ -37,8 +37,8 @@ import torch
 from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
 from testbed.bench_figures import Figure, figure, format_table
-from testbed.data.datasets import load_dataset
-from testbed.models import build_model, get_flat
+from testbed.core.data.datasets import load_dataset
+from testbed.core.models import build_model, get_flat
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 

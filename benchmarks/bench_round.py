@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.bench_figures import Figure, figure, format_table
-from testbed.config.loader import load_experiment
-from testbed.rundir import read_jsonl
+from testbed.core.config.loader import load_experiment
+from testbed.core.rundir import read_jsonl
 from testbed.runner import run_experiment
 
 

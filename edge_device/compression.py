@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.masks import sparsify_mask  # shared with the aggregator
+from testbed.core.compression_bounds import check_d_l
+from testbed.core.masks import sparsify_mask  # shared with the aggregator
 
 
 def sparsify(g: np.ndarray, idx: np.ndarray, d: int) -> np.ndarray:
@@ -158,7 +159,7 @@ class Compressor:
     levels: int | None = None
 
     def __post_init__(self) -> None:
-        _check_d_l(self.d, self.l, "Compressor")
+        check_d_l(self.d, self.l, "Compressor")
         if self.levels is not None and (
             isinstance(self.levels, bool) or not isinstance(self.levels, int) or self.levels < 1
         ):
@@ -215,35 +216,6 @@ class Compressor:
         return out
 
 
-def fixed_quantizer_scale(*, clip: float, d: int, l: int, clip_mode: str) -> float:
-    """Public bound ``B`` on ``||(d/l) g_S||_2`` for a clipped ``g``: the fixed quantizer scale.
-
-    ``Z sqrt(d/l)`` for coordinate clipping, ``Z d / l`` for norm clipping. Quantizing with this
-    scale sends nothing data-dependent in the clear (noise after compression needs it; the
-    strict accounting's ``sparse_norm_bound`` is the same formula, kept in the aggregator
-    because the two packages may not import each other).
-    """
-    _check_d_l(d, l, "fixed_quantizer_scale")
-    if not (math.isfinite(clip) and clip > 0):
-        raise ValueError(f"fixed_quantizer_scale: clip={clip!r} must be finite and > 0")
-    if clip_mode == "coordinate":
-        return clip * math.sqrt(d / l)
-    if clip_mode == "norm":
-        return clip * d / l
-    raise ValueError(f"fixed_quantizer_scale: clip_mode={clip_mode!r} must be coordinate/norm")
-
-
-def theta_qs(*, d: int, l: int, levels: int | None) -> float:
-    """Lemma 3's variance factor ``1/theta_s + theta_q / sqrt(theta_s)``.
-
-    With ``theta_s = l/d`` and ``theta_q = sqrt(d)/Q``: ``d/l + d / (Q sqrt(l))``; without
-    quantization the second term is 0.
-    """
-    _check_d_l(d, l, "theta_qs")
-    extra = 0.0 if levels is None else d / (levels * math.sqrt(l))
-    return d / l + extra
-
-
 def _resolve_scale(v: np.ndarray, scale: float | None, where: str) -> float:
     """The quantizer scale: ``||v||`` when ``scale`` is None, else the validated fixed one."""
     if scale is None:
@@ -253,11 +225,3 @@ def _resolve_scale(v: np.ndarray, scale: float | None, where: str) -> float:
     if v.size and float(np.max(np.abs(v))) > scale:
         raise ValueError(f"{where}: max |value| {np.max(np.abs(v))} exceeds scale={scale}")
     return float(scale)
-
-
-def _check_d_l(d: int, l: int, where: str) -> None:
-    for name, value in (("d", d), ("l", l)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise ValueError(f"{where}: {name}={value!r} must be an integer >= 1")
-    if l > d:
-        raise ValueError(f"{where}: l={l} must be <= d={d}")

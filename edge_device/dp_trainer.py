@@ -35,10 +35,10 @@ Randomness:
 
 * **Sampling.** Subsampling amplification may only be credited when the adversary cannot
   know which records were drawn. ``secure_sampling=True`` draws the inclusions from the OS
-  CSPRNG (:func:`edge_device.noise.secure_uniform`, 53 bits per example per step) and
+  CSPRNG (:func:`testbed.core.noise.secure_uniform`, 53 bits per example per step) and
   refuses a generator. ``secure_sampling=False`` takes a ``numpy`` generator (reproducible
   from the experiment seed); the accountant must then credit no amplification.
-* **Noise.** Always :func:`edge_device.noise.gaussian` (``os.urandom`` + Box-Muller in
+* **Noise.** Always :func:`testbed.core.noise.gaussian` (``os.urandom`` + Box-Muller in
   float64), never seeded from anything, in both sampling modes. It costs about 1 ms per step
   for d = 21,840 (15 % of a record-level step at B = 32, 2 % at B = 256), so no faster PRNG
   seeded from the CSPRNG is used.
@@ -54,10 +54,10 @@ import torch
 from torch import nn
 
 from edge_device.laplace_noise import laplace_noise
-from edge_device.noise import gaussian, secure_uniform
 from edge_device.per_example import Backend, ClippedGradientSum
 from edge_device.trainer import DeviceData, LocalResult
-from testbed.models import get_flat, set_flat
+from testbed.core.models import get_flat, set_flat
+from testbed.core.noise import gaussian, secure_uniform
 
 
 def poisson_sample(

@@ -44,7 +44,7 @@ from edge_device.power_sensors import (
     find_rapl_domains,
     read_number,
 )
-from testbed.config.errors import ConfigError
+from testbed.core.config.errors import ConfigError
 
 SOURCES = ("model", "measured", "auto")
 MODEL_LABEL = "modelled (configured e_comp_j)"

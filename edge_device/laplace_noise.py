@@ -1,10 +1,10 @@
 """Laplace privacy noise from a cryptographically secure source (FedSGD-DPC, paper 004).
 
-:mod:`edge_device.noise` has no Laplace sampler, so this module adds one with the same rules:
+:mod:`testbed.core.noise` has no Laplace sampler, so this module adds one with the same rules:
 nothing here is seeded, uniforms come from ``os.urandom`` through
-:func:`edge_device.noise.secure_uniform` (53 random bits each), and ``numpy``'s PCG
+:func:`testbed.core.noise.secure_uniform` (53 random bits each), and ``numpy``'s PCG
 generators are never used (PCG is not a CSPRNG; its state can be recovered from outputs).
-A passed ``rng`` is refused, exactly as :func:`edge_device.noise.gaussian` refuses ``seed``.
+A passed ``rng`` is refused, exactly as :func:`testbed.core.noise.gaussian` refuses ``seed``.
 
 The draw is ``X = S * E * scale`` with ``E = -log(U)``, ``U`` uniform on ``(0, 1]`` (so
 ``E ~ Exp(1)``) and ``S`` a fair sign from a separate ``os.urandom`` bit; ``|X|`` is then
@@ -15,7 +15,7 @@ Floating-point caveat: like every textbook floating-point Laplace sampler this o
 exact Laplace; Mironov (2012), "On significance of the least significant bits for differential
 privacy", showed that the low bits of such samples can leak. ``U >= 2^-53`` also truncates
 ``|X|`` at ``53 ln 2 * scale ~ 36.7 scale`` (probability ``2^-53``). It is the standard
-engineering choice, as the Gaussian path of :mod:`edge_device.noise` is.
+engineering choice, as the Gaussian path of :mod:`testbed.core.noise` is.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from edge_device.noise import secure_uniform
+from testbed.core.noise import secure_uniform
 
 #: Draws above this size are generated in chunks (bounds memory per call).
 _CHUNK = 1 << 20

@@ -3,7 +3,7 @@
 :class:`ClippedGradientSum` computes, for a batch of ``b`` examples,
 ``sum_i f_i g_i`` where ``g_i`` is the gradient of example ``i``'s cross-entropy loss over
 *all* model parameters (flattened in ``model.parameters()`` order, as
-:func:`testbed.models.get_flat`) and ``f_i`` its clip factor (:func:`clip_factors`).
+:func:`testbed.core.models.get_flat`) and ``f_i`` its clip factor (:func:`clip_factors`).
 
 Clipping that provably stays at or below ``C`` in float32: ``f_i = min(1, C (1 - 2^-20) /
 (n_i + 1e-6))`` is computed in float64 from the norm ``n_i`` of the float32 gradient (within

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from testbed.models import get_flat, set_flat
+from testbed.core.models import get_flat, set_flat
 
 
 @dataclass(frozen=True)

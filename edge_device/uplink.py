@@ -11,11 +11,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from edge_device import noise
 from edge_device.clipping import clip
-from edge_device.compression import Compressor, fixed_quantizer_scale
+from edge_device.compression import Compressor
 from radio.analog import reals_to_symbols
-from testbed.protocol import UploadHeader
+from testbed.core import noise
+from testbed.core.compression_bounds import fixed_quantizer_scale
+from testbed.core.protocol import UploadHeader
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class UplinkEncoder:
         """Encode ``g`` (``(d,)``) for ``device`` in ``round_index``.
 
         ``quant_rng`` drives the quantizer's stochastic rounding (experiment stream); the
-        artificial noise always comes from the OS CSPRNG (:mod:`edge_device.noise`).
+        artificial noise always comes from the OS CSPRNG (:mod:`testbed.core.noise`).
         """
         g = np.asarray(g, dtype=np.float64)
         if g.shape != (self.d,):

@@ -12,8 +12,8 @@ channel generator passed to ``transmit``:
 * :class:`SeededNoise` (the default): from the channel generator, as the channel state.
   Reproducible runs; ``secret`` is ``False`` and such noise is never credited.
 * a secret source (``secret = True``): the testbed's is
-  :class:`testbed.channel_credit.CsprngChannelNoise`, drawn from the OS CSPRNG by the same
-  code as the devices' privacy noise (:mod:`edge_device.noise`, which ``radio`` does not
+  :class:`testbed.core.channel_credit.CsprngChannelNoise`, drawn from the OS CSPRNG by the same
+  code as the devices' privacy noise (:mod:`testbed.core.noise`, which ``radio`` does not
   import). It ignores the generator it is passed.
 
 The link reports which one it holds as :attr:`radio.link.Link.noise_is_secret`.

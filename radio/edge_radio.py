@@ -32,8 +32,8 @@ from radio.flowgraph_process import FlowgraphError
 from radio.link import LinkError, LinkFailed
 from radio.time_sync import OffsetEstimate, measure_offset
 from radio.uhd_probe import ProbeResult, find_usrps
+from radio.usrp_settings import DeviceRadio
 from radio.usrp_stream import TxStream, scale_for_dac
-from testbed.config.hardware import DeviceRadio, HardwareConfig, device_radio
 
 #: A burst must reach the flowgraph at least this long (s) before it is due.
 MIN_LEAD_S = 0.02
@@ -76,41 +76,7 @@ def require_usrp(who: str, key: str, args: str, python: str, probe: Probe = find
     )
 
 
-def check_edge_radio(
-    hw: HardwareConfig, device: int, *, probe: Probe = find_usrps, link: str | None = None
-) -> DeviceRadio:
-    """Device ``device``'s radio settings, its USRP looked for on the ``usrp`` link.
-
-    Parameters
-    ----------
-    link
-        The link in force (the experiment's ``link``); default the hardware config's.
-        Simulated links return without probing.
-    probe
-        Device finder (tests inject one; the default runs ``uhd.find``).
-
-    Raises
-    ------
-    RadioUnavailable
-        No USRP (or no UHD) for the device's ``tx_args``, or no ``usrp.devices`` entry for a
-        device other than 0 (``usrp.tx_args`` is the single-process link's transmitter).
-    testbed.config.errors.ConfigError
-        ``usrp.devices`` lists other devices but not this one.
-    """
-    radio = device_radio(hw, device)
-    if (link or hw.link) != "usrp":
-        return radio
-    if radio.from_fallback and device != 0:
-        raise RadioUnavailable(
-            f"device {device}: hardware config '{hw.name}' lists no usrp.devices, and "
-            f"usrp.tx_args '{radio.tx_args}' is the single-process link's one transmitter; "
-            "add one usrp.devices entry per device, each with its own tx_args (docs/lab.md)"
-        )
-    require_usrp(f"device {device}", _args_key(radio), radio.tx_args, radio.python, probe)
-    return radio
-
-
-def _args_key(radio: DeviceRadio) -> str:
+def args_key(radio: DeviceRadio) -> str:
     """The config key of a device's transmitter args (``usrp.devices[i].tx_args``)."""
     return radio.key if radio.from_fallback else f"{radio.key}.tx_args"
 
@@ -163,7 +129,7 @@ class EdgeTransmitter:
     Parameters
     ----------
     radio
-        The device's settings (:func:`testbed.config.hardware.device_radio`).
+        The device's settings (:func:`testbed.core.config.hardware.device_radio`).
     offset
         Control-plane offset, aggregator clock minus this host's (needed before the first
         burst without a shared reference; :meth:`set_offset`).
@@ -193,7 +159,7 @@ class EdgeTransmitter:
         self.clock = clock
         who = f"device {radio.device}"
         if stream is None:
-            require_usrp(who, _args_key(radio), radio.tx_args, radio.python, probe)
+            require_usrp(who, args_key(radio), radio.tx_args, radio.python, probe)
             try:
                 stream = TxStream(
                     device_args=radio.tx_args, gain_db=radio.tx_gain_db,

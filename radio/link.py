@@ -171,7 +171,7 @@ class Link(ABC):
         run stores: physical receiver noise, or simulated noise from the OS CSPRNG
         (:mod:`radio.channel_noise`). Noise from a seeded generator (the channel generator,
         GNU Radio's seeded noise table) is not secret, and a run credits no channel noise
-        over such a link (:mod:`testbed.channel_credit`). Default ``False``."""
+        over such a link (:mod:`testbed.core.channel_credit`). Default ``False``."""
         return False
 
     @abstractmethod

@@ -27,8 +27,8 @@ from radio.modem import frame_samples
 from radio.tdma import Slot, schedule_window
 from radio.time_sync import OffsetEstimate
 from radio.uhd_probe import find_usrps
+from radio.usrp_settings import ReceiverRadio
 from radio.usrp_stream import RxStream
-from testbed.config.hardware import ReceiverRadio
 
 
 class _Decoder(FrameLink):
@@ -55,7 +55,7 @@ class SlotReceiver:
     Parameters
     ----------
     radio
-        Receiver settings (:func:`testbed.config.hardware.receiver_radio`).
+        Receiver settings (:func:`testbed.core.config.hardware.receiver_radio`).
     waveform
         Frame numerology (its sample rate must be the radio's).
     confidence, record_dir, hw_name

@@ -25,9 +25,9 @@ from typing import Any
 
 from aggregator.solver.calibration import PAPER_MODEL, column_cosine, design_problem
 from aggregator.solver.compression_terms import DECODED_NOISE_MODEL, decoded_noise_energy
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import HardwareConfig
-from testbed.config.loader import ConfigError, load_experiment
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.loader import ConfigError, load_experiment
 
 #: Default record-unit noise multipliers, as multiples of the z* the config's target needs.
 RECORD_Z_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -104,7 +104,7 @@ def target_noise_multiplier(cfg: ExperimentConfig, dataset_sizes: Sequence[int])
     ``q = batch_size / D_i`` (1 without secure sampling), ``rounds`` upload steps and the
     config's epsilon, delta, accountant and relation (as the runner does).
     """
-    from testbed.record_schemes import _calibrated_z
+    from testbed.core.record_schemes import _calibrated_z
 
     pc = cfg.privacy
     if pc.noise_multiplier is not None:
@@ -153,8 +153,8 @@ def record_pilots(
     rounds, window, stop_at_loss
         Pilot length, loss smoothing window and early-stop loss (``None``: none).
     """
-    from testbed.record_schemes import resolve_record_uplinks
-    from testbed.schemes import mean_n0_per_real
+    from testbed.core.record_schemes import resolve_record_uplinks
+    from testbed.core.schemes import mean_n0_per_real
 
     pilots = []
     for ts, z in itertools.product(theta_s, noise_multipliers):
@@ -204,7 +204,7 @@ def device_pilots(
     ee-dp-fl with the given sigma, alpha at full power and paper accounting with a relaxed
     target so no budget stops a pilot. Parameters as :func:`record_pilots`.
     """
-    from testbed.schemes import mean_n0_per_real, resolve_uplinks
+    from testbed.core.schemes import mean_n0_per_real, resolve_uplinks
 
     pilots = []
     for ts, q, sg in itertools.product(theta_s, levels, sigmas):

@@ -4,8 +4,8 @@
 partition exist: the children see the parent's arrays through copy-on-write pages, so the
 data set is never copied or sent (each device's shard is an index array into it). A round
 sends each worker the global weights once and then tasks ``(device, round, record
-settings)``; a worker trains with :func:`testbed.device_worker.train_device` on its own copy
-of the model and answers with the :class:`~testbed.device_worker.Trained` differential.
+settings)``; a worker trains with :func:`edge_device.device_worker.train_device` on its own copy
+of the model and answers with the :class:`~edge_device.device_worker.Trained` differential.
 :meth:`TrainingPool.train` yields the results in the order asked for (device order), so
 the run encodes, transmits and records them exactly as in the sequential path, while later
 devices still train.
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from testbed.blas_threads import limit_blas_threads
-from testbed.device_worker import Trained
+from edge_device.device_worker import Trained
+from testbed.core.blas_threads import limit_blas_threads
 
 #: Makes (in a worker) the trainer of a device; ``(device, record settings) -> trainer``.
 TrainerFactory = Callable[[int, Any], Any]

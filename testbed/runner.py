@@ -32,22 +32,10 @@ import torch
 from aggregator.aggregate import average, global_update
 from aggregator.decoder import decode_differential, project_coordinates
 from aggregator.evaluate import Evaluation, evaluate, sample_scores, subset_indices
-from aggregator.privacy import LedgerError
-from aggregator.privacy_book import PrivacyBook
+from aggregator.outcome import exit_code, trust_fields
+from aggregator.peer_accounting import peer_report
 from aggregator.solver.calibration import smoothed_losses, uploads_to_target
-from edge_device.energy_meter import ModelMeter, make_meter
-from radio.analog import n_symbols_for
-from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
-from radio.units import linear_to_db
-from testbed import __version__
-from testbed.blas_threads import limit_blas_threads
-from testbed.channel_credit import channel_noise_source, credited_config
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import HardwareConfig
-from testbed.config.loader import ConfigError, dump_yaml, load_experiment, load_hardware
-from testbed.data.datasets import Dataset, load_dataset
-from testbed.data.partition import iid_partition, noniid_partition
-from testbed.device_worker import (
+from edge_device.device_worker import (
     DeviceWorker,
     LocalUpload,
     Trained,
@@ -55,106 +43,45 @@ from testbed.device_worker import (
     make_trainer,
     train_device,
 )
-from testbed.faults import fault_point, log_air
-from testbed.interrupts import StopSignals
-from testbed.links import check_link_config, link_name, make_link
-from testbed.masks import sparsify_mask
-from testbed.models import build_model, get_flat, n_params
-from testbed.outcome import exit_code, trust_fields
+from edge_device.energy_meter import ModelMeter, make_meter
+from radio.analog import n_symbols_for
+from radio.link import ChannelState, Link, LinkError, LinkFailed, Reception
+from radio.units import linear_to_db
+from testbed import __version__
+from testbed.core.blas_threads import limit_blas_threads
+from testbed.core.channel_credit import channel_noise_source
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.loader import ConfigError, dump_yaml, load_experiment, load_hardware
+from testbed.core.faults import fault_point, log_air
+from testbed.core.interrupts import StopSignals
+from testbed.core.links import check_link_config, link_name, make_link
+from testbed.core.masks import sparsify_mask
+from testbed.core.models import get_flat, n_params
+from testbed.core.privacy import LedgerError
+from testbed.core.privacy_book import PrivacyBook
+from testbed.core.protocol import UploadHeader
+from testbed.core.record_schemes import RecordSettings, check_delta_bound
+from testbed.core.recovery import check_config_pin, config_pin, directory_is_pristine, resume_point
+from testbed.core.run_setup import (
+    device_settings,
+    initial_model,
+    prepare_data,
+    prepare_test_data,
+)
+from testbed.core.rundir import RunDir, RunDirError
+from testbed.core.secure_aggregation import CARRIER as SECAGG_CARRIER
+from testbed.core.secure_aggregation import secure_sum
+from testbed.core.seeding import Stream, experiment_generator, new_run_secret
+from testbed.core.stage_timer import StageTimer
+from testbed.core.upload_events import PrivacyEvent, channel_fields, upload_event
 from testbed.parallel_training import TrainingPool, resolve_workers
-from testbed.peer_accounting import peer_report
-from testbed.protocol import UploadHeader
-from testbed.record_schemes import RecordSettings, check_delta_bound, resolve_record_uplinks
-from testbed.recovery import check_config_pin, config_pin, directory_is_pristine, resume_point
-from testbed.rundir import RunDir, RunDirError
-from testbed.schemes import DeviceUplink, resolve_uplinks
-from testbed.secure_aggregation import CARRIER as SECAGG_CARRIER
-from testbed.secure_aggregation import secure_sum
-from testbed.seeding import Stream, experiment_generator, new_run_secret
-from testbed.stage_timer import StageTimer
-from testbed.upload_events import PrivacyEvent, channel_fields, upload_event
 
 __all__ = ["Experiment", "StageTimer", "TrainingDiverged", "run_experiment", "resume_experiment"]
 
 
 #: Called after every round with the round's metrics line.
 RoundCallback = Callable[[dict[str, Any]], None]
-
-
-def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
-    """Load the data set (capped as configured) and split it across devices."""
-    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
-    split_rng = experiment_generator(cfg.seed, Stream.DATA_SPLIT)
-    x_train, y_train = data.x_train, data.y_train
-    if cfg.train_samples is not None and cfg.train_samples < len(y_train):
-        keep = np.sort(split_rng.choice(len(y_train), cfg.train_samples, replace=False))
-        x_train, y_train = x_train[keep], y_train[keep]
-    x_test, y_test = data.x_test, data.y_test
-    if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
-        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
-    data = Dataset(data.name, x_train, y_train, x_test, y_test, data.n_classes)
-    if len(y_train) < cfg.devices:
-        raise ValueError(f"devices: {cfg.devices} devices but only {len(y_train)} samples")
-    if cfg.partition == "iid":
-        parts = iid_partition(len(y_train), cfg.devices, split_rng)
-    else:
-        parts = noniid_partition(
-            y_train,
-            cfg.devices,
-            split_rng,
-            dominant_fraction=cfg.dominant_fraction,
-            n_classes=data.n_classes,
-        )
-    return data, parts
-
-
-def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
-    """The test set only (capped as configured): what an aggregator evaluates on."""
-    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
-    x_test, y_test = data.x_test, data.y_test
-    if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
-        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
-    empty_x = np.zeros((0, *x_test.shape[1:]), dtype=x_test.dtype)
-    return Dataset(data.name, empty_x, np.zeros(0, np.int64), x_test, y_test, data.n_classes)
-
-
-def initial_model(cfg: ExperimentConfig, input_shape: tuple[int, ...]) -> torch.nn.Module:
-    """The run's model at its seeded initial weights (the same on the aggregator and on
-    every edge); ``input_shape``: one sample's shape, e.g. ``(1, 28, 28)``."""
-    init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
-    shape = tuple(int(x) for x in input_shape)
-    return build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
-
-
-def device_settings(
-    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
-) -> tuple[list[DeviceUplink], list[RecordSettings | None]]:
-    """Every device's uplink and (record unit) record-level settings; the same on the
-    aggregator and on every edge agent.
-
-    Without a plan, a device's settings depend on the device only through its SNR and its
-    number of samples, so they are resolved (and validated, before any work) once per
-    distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
-    one calibration, not 10,000. A plan lists every device and is read as it is.
-    """
-    cfg = credited_config(cfg, hw)  # seeded channel noise is never credited
-    unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
-    n = len(dataset_sizes)
-    snrs = cfg.snr_db_per_device()
-    keys = [(float(snrs[i]), int(dataset_sizes[i])) for i in range(n)]
-    first: dict[tuple[float, int], int] = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
-    chosen = list(first.values()) if cfg.plan is None else list(range(n))
-    pairs: list[tuple[DeviceUplink, RecordSettings | None]]
-    if unit == "record":
-        pairs = list(resolve_record_uplinks(cfg, hw, d, dataset_sizes, devices=chosen))
-    else:
-        pairs = [(up, None) for up in resolve_uplinks(cfg, hw, d, devices=chosen)]
-    if cfg.plan is not None:
-        return [up for up, _ in pairs], [rs for _, rs in pairs]
-    by_key = {keys[i]: pair for i, pair in zip(chosen, pairs, strict=True)}
-    return [by_key[k][0] for k in keys], [by_key[k][1] for k in keys]
 
 
 def round_devices(cfg: ExperimentConfig, t: int) -> set[int]:
@@ -444,7 +371,7 @@ class Experiment:
     def _event(self, i: int, t: int, state: ChannelState | None) -> PrivacyEvent:
         """The privacy event of device ``i``'s upload in round ``t`` given a channel state
         (``None``: unknown channel or a lost upload, no channel credit); see
-        :func:`testbed.upload_events.upload_event`."""
+        :func:`testbed.core.upload_events.upload_event`."""
         up = self.uplinks[i]
         rs = self.record[i] if self.record else None
         return upload_event(self.cfg, up, rs, i, t, channel_fields(state, up, self.d))
@@ -954,7 +881,7 @@ def _write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -
         ),
         "channel_noise_source": channel_noise_source(cfg, hw),
     }
-    meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.recovery)
+    meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.core.recovery)
     rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")
 
 
@@ -1000,7 +927,7 @@ def resume_experiment(
     Raises
     ------
     RunDirError
-        When the run's files are missing or disagree (see :mod:`testbed.recovery`).
+        When the run's files are missing or disagree (see :mod:`testbed.core.recovery`).
     """
     rundir = RunDir.open(Path(run_dir))
     try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from radio.uhd_probe import LOOPBACK_ONLY_ENV
-from testbed.data.idx import write_idx
+from testbed.core.data.idx import write_idx
 
 
 def pytest_configure(config: pytest.Config) -> None:

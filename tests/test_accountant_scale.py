@@ -1,7 +1,7 @@
 """Accounting at scale: shared states, exact running sums and the fast ledger read.
 
 Every optimisation must give exactly what the unoptimised path gives
-(:mod:`aggregator.privacy.reference`: each device composes its own events, coefficient
+(:mod:`testbed.core.privacy.reference`: each device composes its own events, coefficient
 lists summed with ``math.fsum``); the fast ledger read must read exactly what the full JSON
 parse reads, and report the same corruption.
 """
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.privacy import (
+from testbed.core.privacy import (
     BudgetGuard,
     LaplaceRecordEvent,
     Ledger,
@@ -35,13 +35,13 @@ from aggregator.privacy import (
     gaussian_epsilon_closed_form,
     upload_coefficient,
 )
-from aggregator.privacy.events import EventError
-from aggregator.privacy.exact_sum import ExactSum
-from aggregator.privacy.ledger import EVENT_TYPES, HEADER_TYPE
-from aggregator.privacy.ledger_parse import GENESIS, LineParser, seal
-from aggregator.privacy.reference import ReferencePrivacyAccountant, ReferenceRecordAccountant
-from aggregator.privacy.state_trie import StateTrie
-from aggregator.privacy_book import PrivacyBook, make_accountants
+from testbed.core.privacy.events import EventError
+from testbed.core.privacy.exact_sum import ExactSum
+from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE
+from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal
+from testbed.core.privacy.reference import ReferencePrivacyAccountant, ReferenceRecordAccountant
+from testbed.core.privacy.state_trie import StateTrie
+from testbed.core.privacy_book import PrivacyBook, make_accountants
 
 DELTA = 1e-5
 
@@ -226,7 +226,7 @@ def test_devices_sampled_into_rounds_share_by_count() -> None:
         assert _same(acc.epsilon(device), plain.epsilon(device))
 
 
-@pytest.mark.filterwarnings("ignore::aggregator.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
 def test_gate_is_exact_under_sharing() -> None:
     """The guard refuses exactly where the unoptimised accountant refuses, and no device
     passes its target: epsilon_if equals epsilon after add bit for bit."""
@@ -254,7 +254,7 @@ def test_gate_is_exact_under_sharing() -> None:
 
 
 def test_rarely_asked_figures_equal_the_history_functions() -> None:
-    from aggregator.privacy import device_level_epsilon
+    from testbed.core.privacy import device_level_epsilon
 
     rng = random.Random(9)
     acc = RecordAccountant("rdp", DELTA)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.privacy import BudgetGuard, PrivacyAccountant, UploadEvent
+from testbed.core.privacy import BudgetGuard, PrivacyAccountant, UploadEvent
 
 
 def upload(device: int, r: int, sigma: float, alpha: float, gain: float,
@@ -28,7 +28,7 @@ step = st.tuples(
 )
 
 
-@pytest.mark.filterwarnings("ignore::aggregator.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
 @settings(max_examples=60, deadline=None)
 @given(
     mode=st.sampled_from(["paper", "strict"]),

@@ -4,7 +4,7 @@ Audit finding (issue 21, item 3): the in-process channel drew its noise from
 ``experiment_generator(seed, Stream.CHANNEL, device, round)``, with the seed in
 ``config.yaml``: the credited noise could be regenerated to 1e-16 from the run directory.
 Now a run that credits channel noise draws it from the OS CSPRNG
-(:class:`testbed.channel_credit.CsprngChannelNoise`), while the fading stays seeded; a link
+(:class:`testbed.core.channel_credit.CsprngChannelNoise`), while the fading stays seeded; a link
 whose noise is seeded (GNU Radio's fast noise table) credits nothing.
 """
 
@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 import testbed.runner as runner_module
-from aggregator.privacy import Ledger
+from aggregator.outcome import trust_statement
 from radio.channel import awgn
 from radio.link import Reception
-from testbed.channel_credit import channel_credit, credited_config, link_noise
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.links import channel_params, make_link
-from testbed.outcome import trust_statement
+from testbed.core.channel_credit import channel_credit, credited_config, link_noise
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.links import channel_params, make_link
+from testbed.core.privacy import Ledger
+from testbed.core.seeding import Stream, experiment_generator
 from testbed.runner import run_experiment
-from testbed.seeding import Stream, experiment_generator
 from tests.radio_helpers import require_gnuradio, unit_payload
 
 #: Record unit, noise once at the upload, no quantizer: channel-dp credits the channel.
@@ -141,7 +141,7 @@ def test_links_draw_noise_from_the_csprng_only_where_it_is_credited(
 
 
 def test_the_rule_in_words_and_numbers(tiny_overrides: list[str]) -> None:
-    """One rule (testbed.channel_credit): scheme and tau ask, the link's noise decides."""
+    """One rule (testbed.core.channel_credit): scheme and tau ask, the link's noise decides."""
     sim = load_hardware("sim")
     gr = load_experiment(None, [*tiny_overrides, *CREDITED, "link=gnuradio"])
     credit = channel_credit(gr, sim)

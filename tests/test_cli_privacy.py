@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.privacy import epsilon_for
 from testbed.cli.main import main
+from testbed.core.privacy import epsilon_for
 
 ARGS = ["privacy", "--sigma", "0.7", "--alpha", "2", "--h", "0.9", "--n0", "0.05",
         "--rounds", "30", "--d", "21840", "--l", "2184", "--q", "16", "--clip", "5",

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from aggregator.privacy import record_epsilon_for
 from testbed.cli.main import main
+from testbed.core.privacy import record_epsilon_for
 
 RECORD = ["privacy", "--unit", "record", "--q", "0.01", "--z", "1.1", "--steps", "500",
           "--delta", "1e-5"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from edge_device.per_example import ClippedGradientSum, clip_factors, per_example_norms
-from testbed.models import build_model
+from testbed.core.models import build_model
 
 EPS32 = float(np.finfo(np.float32).eps)
 

@@ -12,9 +12,9 @@ from edge_device.compression import (
     Compressor,
     quantize,
     sparsify,
-    sparsify_mask,
-    theta_qs,
 )
+from testbed.core.compression_bounds import theta_qs
+from testbed.core.masks import sparsify_mask
 
 SECRET = "a3f1" * 16
 
@@ -189,9 +189,9 @@ def test_encode_exposes_integer_levels_on_the_grid() -> None:
 
 
 def test_fixed_scale_matches_the_aggregator_bound_and_holds() -> None:
-    from aggregator.privacy.strict import sparse_norm_bound
     from edge_device.clipping import clip
-    from edge_device.compression import fixed_quantizer_scale
+    from testbed.core.compression_bounds import fixed_quantizer_scale
+    from testbed.core.privacy.strict import sparse_norm_bound
 
     rng = np.random.default_rng(4)
     d, l, z = 400, 40, 5.0

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.loader import (
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.loader import (
     ConfigError,
     apply_overrides,
     load_experiment,

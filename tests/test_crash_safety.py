@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.privacy import Ledger
-from aggregator.privacy.record_accountant import RecordAccountant
-from testbed.config.loader import load_experiment
-from testbed.rundir import RunDir, RunDirError, read_jsonl
+from testbed.core.config.loader import load_experiment
+from testbed.core.privacy import Ledger
+from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.rundir import RunDir, RunDirError, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]

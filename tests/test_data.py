@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.data.cifar import CifarFormatError, read_cifar10
-from testbed.data.datasets import DatasetNotFoundError, load_dataset
-from testbed.data.idx import IdxFormatError, read_idx, write_idx
-from testbed.data.partition import (
+from testbed.core.data.cifar import CifarFormatError, read_cifar10
+from testbed.core.data.datasets import DatasetNotFoundError, load_dataset
+from testbed.core.data.idx import IdxFormatError, read_idx, write_idx
+from testbed.core.data.partition import (
     iid_partition,
     label_fractions,
     noniid_counts,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config.loader import ConfigError, load_experiment
-from testbed.record_schemes import check_delta_bound
+from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.record_schemes import check_delta_bound
 from testbed.runner import run_experiment
 
 LAPLACE = ["scheme=fedsgd-dpc", "local_steps=1", "privacy.noise=per-step",

@@ -17,7 +17,7 @@ from torch import nn
 
 from edge_device.dp_trainer import RecordTrainer, poisson_sample
 from edge_device.per_example import ClippedGradientSum
-from testbed.models import build_model, get_flat, n_params
+from testbed.core.models import build_model, get_flat, n_params
 
 BACKENDS = ["layers", "vmap"]
 

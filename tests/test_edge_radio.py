@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radio.edge_radio import MIN_LEAD_S, EdgeTransmitter, RadioUnavailable, check_edge_radio
+from edge_device.radio_check import check_edge_radio
+from radio.edge_radio import MIN_LEAD_S, EdgeTransmitter, RadioUnavailable
 from radio.flowgraph_process import FLOWGRAPH_DIR, SYSTEM_PYTHON
 from radio.link import LinkError, Reception
 from radio.modem import modulate
@@ -25,9 +26,9 @@ from radio.uhd_probe import ProbeResult
 from radio.usrp_stream import RxStream, TxStream
 from testbed.cli import cmd_radio
 from testbed.cli.main import main
-from testbed.config.hardware import device_radio, receiver_radio, same_usrp
-from testbed.config.loader import ConfigError, load_hardware
-from testbed.links import waveform_params
+from testbed.core.config.hardware import device_radio, receiver_radio, same_usrp
+from testbed.core.config.loader import ConfigError, load_hardware
+from testbed.core.links import waveform_params
 from tests.radio_helpers import require_gnuradio, unit_payload
 
 LAB_ARGS = {0: "addr=192.168.10.11", 1: "addr=192.168.10.12", 2: "addr=192.168.10.13",

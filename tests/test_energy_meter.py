@@ -21,9 +21,9 @@ from edge_device.energy_meter import (
     probe_meters,
 )
 from edge_device.power_sensors import find_ina3221_rails, find_rapl_domains
-from testbed.config.errors import ConfigError
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.loader import default_experiment_dict, validate
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.loader import default_experiment_dict, validate
 
 DRIVERS = "sys/bus/i2c/drivers"
 

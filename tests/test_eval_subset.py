@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from aggregator.evaluate import evaluate, sample_scores, subset_indices
-from testbed.config.loader import ConfigError, load_experiment
-from testbed.models import build_model, get_flat
-from testbed.rundir import RunDir, read_jsonl
-from testbed.runner import initial_model, prepare_test_data, resume_experiment, run_experiment
-from testbed.seeding import Stream, experiment_generator
+from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.models import build_model, get_flat
+from testbed.core.run_setup import initial_model, prepare_test_data
+from testbed.core.rundir import RunDir, read_jsonl
+from testbed.core.seeding import Stream, experiment_generator
+from testbed.runner import resume_experiment, run_experiment
 
 
 def _subset(seed: int, n: int = 200, k: int = 50) -> np.ndarray:

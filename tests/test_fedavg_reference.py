@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from testbed.config.loader import load_experiment
-from testbed.models import build_model, get_flat
-from testbed.rundir import RunDir
-from testbed.runner import prepare_data, run_experiment
-from testbed.seeding import Stream, experiment_generator
+from testbed.core.config.loader import load_experiment
+from testbed.core.models import build_model, get_flat
+from testbed.core.run_setup import prepare_data
+from testbed.core.rundir import RunDir
+from testbed.core.seeding import Stream, experiment_generator
+from testbed.runner import run_experiment
 
 
 def reference_fedavg(cfg) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.solver.plan_file import load_plan
 from testbed.cli.main import main
+from testbed.core.plan_file import load_plan
 
 COORD = ["--set", "clip.mode=coordinate", "--set", "privacy.unit=device",
          "--set", "privacy.accounting=paper"]

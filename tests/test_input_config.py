@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config.loader import (
+from testbed.core.config.loader import (
     HW_CONFIG_DIR,
     HW_CONFIG_ENV,
     ConfigError,
@@ -159,7 +159,7 @@ def test_installed_package_finds_hw_configs_from_any_cwd(tmp_path: Path) -> None
     assert HW_CONFIG_DIR.is_absolute() and (HW_CONFIG_DIR / "sim.yaml").is_file()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", HW_CONFIG_ENV)}
     code = (
-        "from testbed.config.loader import load_hardware, load_experiment; "
+        "from testbed.core.config.loader import load_hardware, load_experiment; "
         "print(load_hardware('darkroom').waveform.speed_kmh, "
         "load_hardware(load_experiment(None, ['hw_config=lab_ota']).hw_config).name)"
     )

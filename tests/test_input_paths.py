@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config.loader import ConfigError
-from testbed.config.paths import check_output_file
+from testbed.core.config.loader import ConfigError
+from testbed.core.config.paths import check_output_file
 
 
 def test_an_existing_output_file_may_be_overwritten(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.config.loader import load_experiment
+from testbed.core.config.loader import load_experiment
 from testbed.lab.launch import launch
 from testbed.runner import run_experiment
 from tests.lab_helpers import (

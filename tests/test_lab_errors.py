@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.lab.checks import check_endpoint
-from testbed.lab.curve_keys import generate_keys
+from testbed.core.curve_keys import generate_keys
+from testbed.core.lab_checks import check_endpoint
 from tests.lab_helpers import (
     PLAIN_SETS,
     ROOT,
@@ -130,9 +130,9 @@ def test_resume_of_a_lab_run_with_an_edited_config_is_refused(
 ) -> None:
     """``config.yaml`` is pinned in ``meta.json`` when the lab run starts: a resume after
     an edit names the key and refuses before any round (no edges needed)."""
-    from testbed.config.loader import load_experiment, load_hardware
-    from testbed.lab.resume import open_run
-    from testbed.rundir import RunDirError
+    from aggregator.lab.resume import open_run
+    from testbed.core.config.loader import load_experiment, load_hardware
+    from testbed.core.rundir import RunDirError
 
     cfg = load_experiment(None, [*tiny_overrides, "devices=2"])
     hw = load_hardware(cfg.hw_config)

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from testbed.config.loader import dump_yaml, load_experiment
-from testbed.lab.aggregator import MAX_MESSAGE_BYTES
-from testbed.lab.curve_keys import generate_keys
-from testbed.lab.secure_socket import CurveClient, CurveServer
-from testbed.protocol import PROTOCOL_VERSION, decode, encode
+from testbed.core.config.loader import dump_yaml, load_experiment
+from testbed.core.curve_keys import generate_keys
+from testbed.core.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, decode, encode
+from testbed.core.secure_socket import CurveClient, CurveServer
 from tests.lab_helpers import (
     PLAIN_SETS,
     ROOT,
@@ -128,7 +127,7 @@ def _recv(server: CurveServer, want: str, timeout_s: float) -> tuple[bytes, obje
 
 
 def test_edge_keeps_serving_through_junk(tmp_path: Path) -> None:
-    from testbed.models import build_model, n_params
+    from testbed.core.models import build_model, n_params
 
     keys = tmp_path / "keys"
     generate_keys(keys, 1)

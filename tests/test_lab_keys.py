@@ -17,7 +17,7 @@ import zmq
 import zmq.auth
 
 from testbed.cli import cmd_keys
-from testbed.lab.curve_keys import (
+from testbed.core.curve_keys import (
     KeyFileError,
     KeyFileMissingError,
     KeySet,
@@ -28,7 +28,7 @@ from testbed.lab.curve_keys import (
     load_device_keys,
     read_certificate,
 )
-from testbed.lab.secure_socket import CurveClient, CurveServer
+from testbed.core.secure_socket import CurveClient, CurveServer
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from testbed.config.loader import dump_yaml, load_experiment, load_hardware
-from testbed.lab.edge import EdgeAgent
+from edge_device.lab.agent import EdgeAgent
+from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
+from testbed.core.models import n_params
+from testbed.core.protocol import Message, decode, encode
+from testbed.core.record_schemes import resolve_record_uplinks
+from testbed.core.run_setup import initial_model, prepare_data
 from testbed.lab.launch import launch
-from testbed.models import n_params
-from testbed.protocol import Message, decode, encode
-from testbed.record_schemes import resolve_record_uplinks
-from testbed.runner import initial_model, prepare_data
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from aggregator.aggregate import average, global_update
-from aggregator.peers.secagg import SecAggDevice, SecAggServer
-from testbed.config.loader import load_experiment
-from testbed.lab.curve_keys import generate_keys
-from testbed.lab.secagg_wire import (
+from testbed.core.config.loader import load_experiment
+from testbed.core.curve_keys import generate_keys
+from testbed.core.protocol import Message, ProtocolError, decode, encode
+from testbed.core.secagg import SecAggDevice, SecAggServer
+from testbed.core.secagg_wire import (
     inbox_fields,
     inbox_from,
     keys_fields,
@@ -32,8 +33,7 @@ from testbed.lab.secagg_wire import (
     shares_fields,
     shares_from,
 )
-from testbed.protocol import Message, ProtocolError, decode, encode
-from testbed.secure_aggregation import round_codec
+from testbed.core.secure_aggregation import round_codec
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,
@@ -144,7 +144,7 @@ def test_masked_input_of_the_wrong_size_is_refused() -> None:
 
 
 def test_a_share_at_another_point_or_for_an_owner_not_asked_is_refused() -> None:
-    from aggregator.peers.secagg import UnmaskingRequest
+    from testbed.core.secagg import UnmaskingRequest
 
     request = UnmaskingRequest(1, frozenset({0, 1, 2}), frozenset({3}))
     ok = {"round": 1, "self_mask_shares": [[1, 1, "00" * 66]], "mask_key_shares": []}

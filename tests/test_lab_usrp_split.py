@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.privacy.ledger import intents_path
+from aggregator.lab.server import ControlPlane, LabAggregator, Peer, serve
+from aggregator.lab.usrp_split import (
+    INITIAL_TIMING_UNCERTAINTY_S,
+    MAX_GUARD_UNCERTAINTY_S,
+    burst_seconds,
+    round_guard_s,
+    round_slots,
+)
+from edge_device.lab.agent import EdgeAgent, EdgeError
 from radio.analog import n_symbols_for, reals_to_symbols
 from radio.edge_radio import MIN_LEAD_S, EdgeTransmitter
 from radio.flowgraph_process import FlowgraphError
@@ -31,20 +39,12 @@ from radio.slot_receiver import SlotReceiver
 from radio.tdma import BURST_START_JITTER_S, SHARED_REFERENCE_GUARD_S
 from radio.time_sync import OffsetEstimate
 from radio.usrp_stream import RxStream, TxStream
-from testbed.config.hardware import HardwareConfig, device_radio, receiver_radio
-from testbed.config.loader import dump_yaml, load_experiment, load_hardware
-from testbed.lab.aggregator import ControlPlane, LabAggregator, Peer, serve
-from testbed.lab.curve_keys import generate_keys
-from testbed.lab.edge import EdgeAgent, EdgeError
-from testbed.lab.usrp_split import (
-    INITIAL_TIMING_UNCERTAINTY_S,
-    MAX_GUARD_UNCERTAINTY_S,
-    burst_seconds,
-    round_guard_s,
-    round_slots,
-)
-from testbed.links import waveform_params
-from testbed.protocol import (
+from testbed.core.config.hardware import HardwareConfig, device_radio, receiver_radio
+from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
+from testbed.core.curve_keys import generate_keys
+from testbed.core.links import waveform_params
+from testbed.core.privacy.ledger import intents_path
+from testbed.core.protocol import (
     PROTOCOL_VERSION,
     Message,
     ProtocolError,
@@ -52,9 +52,9 @@ from testbed.protocol import (
     decode,
     encode,
 )
-from testbed.rundir import RunDir
+from testbed.core.rundir import RunDir
+from testbed.core.stage_timer import StageTimer
 from testbed.runner import _write_metadata
-from testbed.stage_timer import StageTimer
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,
@@ -481,8 +481,8 @@ def _welcome(cfg_sets: list[str]) -> list[bytes]:
 
 def _initial_weights(cfg: Any) -> bytes:
     """The global model of round 0 (what the aggregator sends), float64 bytes."""
-    from testbed.models import build_model, get_flat
-    from testbed.seeding import Stream, experiment_generator
+    from testbed.core.models import build_model, get_flat
+    from testbed.core.seeding import Stream, experiment_generator
 
     seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
     model = build_model(cfg.model, (1, 28, 28), seed)

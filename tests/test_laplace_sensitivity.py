@@ -3,7 +3,7 @@
 A five-record universe (three of class 0, two of class 1, the same input for one of each so
 their gradients are opposite) and a linear model (d = 6). Every non-empty subset is a data
 set the device could hold; the mechanism's noiseless output on each comes from the code path
-a run uses (:func:`testbed.record_schemes.resolve_record_uplinks` for the scale and the public
+a run uses (:func:`testbed.core.record_schemes.resolve_record_uplinks` for the scale and the public
 ``D_i``, :meth:`RecordTrainer.train_laplace` for the mean). For each neighbouring pair under
 add/remove and replace-one, ``Lap(mu, s)`` against ``Lap(mu', s)`` (per coordinate) is
 exactly ``eps0 = ||mu - mu'||_1 / s``-DP (the privacy loss reaches it with probability 1/2^d
@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 import torch
 
-from aggregator.privacy import LaplaceRecordEvent, RecordAccountant
+from edge_device.device_worker import train_device
 from edge_device.dp_trainer import RecordTrainer
 from edge_device.energy_meter import ModelMeter
-from testbed.config.loader import load_experiment, load_hardware
-from testbed.device_worker import train_device
-from testbed.record_schemes import RecordSettings, resolve_record_uplinks
+from testbed.core.config.loader import load_experiment, load_hardware
+from testbed.core.privacy import LaplaceRecordEvent, RecordAccountant
+from testbed.core.record_schemes import RecordSettings, resolve_record_uplinks
 
 DELTA = 1e-5
 XI = 0.05  # l1 clip: every per-example gradient here has l1 norm >= 0.5, so all are clipped

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.privacy import (
+from testbed.core.privacy import (
     Ledger,
     LedgerError,
     PrivacyAccountant,

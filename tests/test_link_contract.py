@@ -15,8 +15,8 @@ import pytest
 
 from radio.link import ChannelState, Link, Reception
 from radio.uhd_probe import find_usrps
-from testbed.config.loader import load_experiment, load_hardware
-from testbed.links import make_link
+from testbed.core.config.loader import load_experiment, load_hardware
+from testbed.core.links import make_link
 from tests.radio_helpers import require_gnuradio, unit_payload
 
 SNR_DB = 20.0

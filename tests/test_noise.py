@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from edge_device import noise
-from edge_device.noise import discrete_gaussian, discrete_gaussian_pmf, gaussian
+from testbed.core import noise
+from testbed.core.noise import discrete_gaussian, discrete_gaussian_pmf, gaussian
 
 
 def test_gaussian_variance_mean_and_shape() -> None:

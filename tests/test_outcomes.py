@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import testbed.runner as runner_module
-from aggregator.privacy import Ledger
+from aggregator.outcome import OUTCOMES, exit_code
 from edge_device.trainer import LocalResult, LocalTrainer
 from radio.link import LinkError, LinkFailed
 from testbed.cli.main import main
-from testbed.config.loader import load_experiment
-from testbed.outcome import OUTCOMES, exit_code
+from testbed.core.config.loader import load_experiment
+from testbed.core.privacy import Ledger
 from testbed.runner import run_experiment
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.config.loader import ConfigError, load_experiment
-from testbed.device_worker import Trained, TrainingDiverged
+from edge_device.device_worker import Trained, TrainingDiverged
+from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.rundir import RunDir, read_jsonl
 from testbed.parallel_training import TrainingPool, WorkerFailed, resolve_workers
-from testbed.rundir import RunDir, read_jsonl
 from testbed.runner import run_experiment
 from tests.lab_helpers import processes_mentioning
 from tests.overrides import merge_sets
@@ -221,7 +221,7 @@ def test_blas_threads_follow_torch_threads() -> None:
 
     import numpy  # noqa: F401 - its OpenBLAS is what is limited
 
-    from testbed.blas_threads import limit_blas_threads, loaded_openblas
+    from testbed.core.blas_threads import limit_blas_threads, loaded_openblas
 
     libs = loaded_openblas()
     if not libs:

@@ -9,7 +9,7 @@ import pytest
 
 from aggregator.peers.dp_pasgd import paper_epsilon
 from testbed.cli.main import main
-from testbed.config.loader import ConfigError, load_experiment
+from testbed.core.config.loader import ConfigError, load_experiment
 from testbed.runner import run_experiment
 
 SMALL = ["scheme=dp-pasgd", "rounds=3", "local_steps=2", "train_samples=3000",

@@ -17,15 +17,15 @@ import pytest
 import torch
 from dp_accounting.pld import pld_privacy_accountant
 
-from aggregator.privacy import LaplaceRecordEvent, Ledger, RecordAccountant
-from aggregator.privacy.record_accountant import (
+from edge_device.dp_trainer import RecordTrainer
+from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.privacy import LaplaceRecordEvent, Ledger, RecordAccountant
+from testbed.core.privacy.record_accountant import (
     calibrate_laplace_noise_multiplier,
     device_level_epsilon,
     laplace_epsilon_for,
 )
-from edge_device.dp_trainer import RecordTrainer
-from testbed.config.loader import ConfigError, load_experiment
-from testbed.record_schemes import laplace_replies
+from testbed.core.record_schemes import laplace_replies
 from testbed.runner import resume_experiment, run_experiment
 
 LAPLACE = ["scheme=fedsgd-dpc", "local_steps=1", "privacy.noise=per-step",

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.config.loader import ConfigError, load_experiment
+from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.secure_aggregation import secure_sum
 from testbed.runner import run_experiment
-from testbed.secure_aggregation import secure_sum
 
 BASE = ["privacy.noise=per-step", "rounds=4", "train_samples=6000", "eval_samples=200",
         "batch_size=128", "devices=6", "clients_per_round=3", "eval_every=100"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from aggregator.peers.secagg import (
+from testbed.core.secagg import (
     FixedPointCodec,
     ProtocolError,
     SecAggAbortError,

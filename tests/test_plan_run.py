@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from testbed.cli.main import main
-from testbed.config.loader import ConfigError, load_experiment
+from testbed.core.config.loader import ConfigError, load_experiment
 from testbed.runner import run_experiment
 
 

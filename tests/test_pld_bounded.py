@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from aggregator.privacy import pld_bounded
-from aggregator.privacy.record_accountant import RecordAccountant, record_epsilon_for
-from aggregator.privacy.record_events import RecordEvent
+from testbed.core.privacy import pld_bounded
+from testbed.core.privacy.record_accountant import RecordAccountant, record_epsilon_for
+from testbed.core.privacy.record_events import RecordEvent
 
 REPO = Path(__file__).resolve().parents[1]
 DELTA = 1e-5

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from aggregator.privacy import Ledger
 from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.models import build_model, get_flat
-from testbed.record_schemes import resolve_record_uplinks
-from testbed.rundir import RunDir, read_jsonl
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.models import build_model, get_flat
+from testbed.core.privacy import Ledger
+from testbed.core.record_schemes import resolve_record_uplinks
+from testbed.core.rundir import RunDir, read_jsonl
+from testbed.core.schemes import resolve_uplinks
 from testbed.runner import (
     Experiment,
     _write_metadata,
@@ -25,7 +26,6 @@ from testbed.runner import (
     prepare_data,
     round_devices,
 )
-from testbed.schemes import resolve_uplinks
 
 
 def _run(cfg: ExperimentConfig, path: Path) -> tuple[Experiment, dict[str, Any]]:

@@ -8,7 +8,7 @@ import math
 import mpmath
 import pytest
 
-from aggregator.privacy import (
+from testbed.core.privacy import (
     EventError,
     PrivacyAccountant,
     UploadEvent,

@@ -8,7 +8,7 @@ import warnings
 import mpmath
 import pytest
 
-from aggregator.privacy.rdp import (
+from testbed.core.privacy.rdp import (
     OrderAtEdgeWarning,
     compose,
     convert,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from opacus.accountants import RDPAccountant as OpacusRDP
 from opacus.accountants.analysis.rdp import compute_rdp as opacus_compute_rdp
 
-from aggregator.privacy import (
+from testbed.core.privacy import (
     BudgetGuard,
     EventError,
     OrderAtEdgeWarning,
@@ -29,7 +29,7 @@ from aggregator.privacy import (
     record_epsilon_for,
     sgm_rdp,
 )
-from aggregator.privacy.record_rdp import ORDERS, extended_orders, round_down
+from testbed.core.privacy.record_rdp import ORDERS, extended_orders, round_down
 
 DELTA = 1e-5
 
@@ -300,7 +300,7 @@ def run_guarded(accountant: str, targets: list[float], schedule: list[tuple]) ->
     return acc
 
 
-@pytest.mark.filterwarnings("ignore::aggregator.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
 @settings(max_examples=40, deadline=None)
 @given(targets=st.lists(st.floats(0.05, 8.0), min_size=3, max_size=3),
        schedule=schedule_strategy(30))
@@ -309,7 +309,7 @@ def test_gated_record_events_never_exceed_the_target_rdp(targets: list[float],
     run_guarded("rdp", targets, schedule)
 
 
-@pytest.mark.filterwarnings("ignore::aggregator.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
 @settings(max_examples=6, deadline=None)
 @given(targets=st.lists(st.floats(0.05, 8.0), min_size=3, max_size=3),
        schedule=schedule_strategy(8))

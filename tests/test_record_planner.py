@@ -12,7 +12,6 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from aggregator.privacy.record_accountant import calibrate_noise_multiplier
 from aggregator.solver.infeasible import InfeasibleError
 from aggregator.solver.record_planner import (
     PlanRefused,
@@ -22,6 +21,7 @@ from aggregator.solver.record_planner import (
 )
 from aggregator.solver.record_problem import RECORD_MARGIN, NoiseFloor, RecordProblem, RecordTerms
 from aggregator.solver.scenario import Scenario
+from testbed.core.privacy.record_accountant import calibrate_noise_multiplier
 
 N = 4
 SIZES = (6000, 6000, 5000, 6000)
@@ -206,7 +206,7 @@ def test_record_plan_needs_fitted_constants(tiny_overrides: list[str]) -> None:
 def test_rounds_margin_scales_the_modelled_rounds(tiny_overrides: list[str],
                                                   tmp_path: Path) -> None:
     from aggregator.solver.from_config import read_scenario_file, record_scenario_from_config
-    from testbed.config.loader import load_experiment, load_hardware
+    from testbed.core.config.loader import load_experiment, load_hardware
 
     sets = [o for o in tiny_overrides if not o.startswith("local_steps")]
     cfg = load_experiment(None, [*sets, "local_steps=1", "privacy.noise=upload"])

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.privacy import Ledger, RecordEvent
-from aggregator.privacy.record_accountant import RecordAccountant, device_level_epsilon
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.record_schemes import resolve_record_uplinks
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.privacy import Ledger, RecordEvent
+from testbed.core.privacy.record_accountant import RecordAccountant, device_level_epsilon
+from testbed.core.record_schemes import resolve_record_uplinks
 from testbed.runner import PaperAccountingWarning, run_experiment
 
 FEDSGD_UPLOAD = ["local_steps=1", "privacy.noise=upload", "compression.quantize=false"]

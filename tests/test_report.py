@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from testbed.cli.main import main
-from testbed.config.loader import load_experiment
+from testbed.core.config.loader import load_experiment
+from testbed.core.rundir import read_jsonl
 from testbed.report import write_report
 from testbed.report.tables import check_report
-from testbed.rundir import read_jsonl
 from testbed.runner import run_experiment
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -127,7 +127,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str],
 def test_dp_pasgd_round_is_charged_its_four_local_steps_of_computing() -> None:
     """003 counts computing energy per global round; a dp-pasgd round is tau local steps of
     the base config's one-step round, so Fig. 3 must not credit it with a quarter of that."""
-    from testbed.config.loader import load_experiment
+    from testbed.core.config.loader import load_experiment
     from testbed.reproduce.cases import BASE_CONFIG, PASGD_TAU, settings, table1_cases
 
     step = load_experiment(BASE_CONFIG).energy.e_comp_j

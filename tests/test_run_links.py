@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from testbed.cli.main import main
-from testbed.config.loader import load_experiment
-from testbed.rundir import RunDir
+from testbed.core.config.loader import load_experiment
+from testbed.core.rundir import RunDir
 from testbed.runner import run_experiment
 from tests.radio_helpers import require_gnuradio
 
@@ -64,7 +64,7 @@ def test_usrp_run_without_a_usrp_fails_at_link_start(
 ) -> None:
     """No USRP: the run stops at link start, saying so (discovery on loopback only)."""
     from radio.uhd_probe import find_usrps
-    from testbed.config.loader import load_hardware
+    from testbed.core.config.loader import load_hardware
 
     loopback = "addr=127.0.0.1"
     if find_usrps(loopback).devices:

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.privacy import Ledger
-from aggregator.privacy.record_accountant import RecordAccountant
-from testbed.config.loader import load_experiment
-from testbed.rundir import RunDir, RunDirError, lock_directory, read_jsonl
+from testbed.core.config.loader import load_experiment
+from testbed.core.privacy import Ledger
+from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.rundir import RunDir, RunDirError, lock_directory, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]

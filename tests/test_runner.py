@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from testbed.cli.main import main
-from testbed.config.loader import load_experiment
-from testbed.rundir import RunDir, RunDirError, read_jsonl
+from testbed.core.config.loader import load_experiment
+from testbed.core.rundir import RunDir, RunDirError, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
 from tests.overrides import merge_sets
 

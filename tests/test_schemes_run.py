@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.privacy import Ledger, rebuild_accountant
-from testbed.config.experiment import PEER_SCHEMES, SCHEMES
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.rundir import RunDir
+from testbed.core.config.experiment import PEER_SCHEMES, SCHEMES
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.privacy import Ledger, rebuild_accountant
+from testbed.core.rundir import RunDir
+from testbed.core.schemes import expected_power_bound, resolve_uplinks
 from testbed.runner import resume_experiment, run_experiment
-from testbed.schemes import expected_power_bound, resolve_uplinks
 
 # 003's schemes (the peer systems run only at the record unit: tests/test_peer_*.py)
 DP_SCHEMES = [s for s in SCHEMES if s != "fedavg" and s not in PEER_SCHEMES]

@@ -143,13 +143,13 @@ def test_every_plan_meets_every_constraint(scheme: str, kw: dict) -> None:
 
 def _accountant():
     try:
-        from aggregator.privacy import epsilon_for
+        from testbed.core.privacy import epsilon_for
     except ImportError:
         return None
     return epsilon_for
 
 
-@pytest.mark.skipif(_accountant() is None, reason="aggregator.privacy not importable")
+@pytest.mark.skipif(_accountant() is None, reason="testbed.core.privacy not importable")
 @pytest.mark.parametrize("scheme", ["ee-dp-fl", "channel-dp", "ldp-fedavg"])
 def test_plans_meet_target_under_the_privacy_accountant(scheme: str) -> None:
     epsilon_for = _accountant()

@@ -270,7 +270,7 @@ def test_calibrate_recovers_known_constants_from_synthetic_pilot_curves(
     from testbed.calibration_pilots import record_pilots
     from testbed.cli.cmd_plan import count_params
     from testbed.cli.main import main
-    from testbed.config.loader import load_experiment, load_hardware
+    from testbed.core.config.loader import load_experiment, load_hardware
 
     beta1, beta2, target = 20.0, 0.4, 0.8
     thetas, zs = [1.0, 0.5, 0.25], [0.5, 1.0, 2.0]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aggregator.solver.plan_file import load_plan, save_plan
 from testbed.cli.main import main
-from testbed.config.loader import ConfigError
+from testbed.core.config.loader import ConfigError
+from testbed.core.plan_file import load_plan, save_plan
 
 LOGREG_D = 28 * 28 * 10 + 10
 DP_CLIP = [
@@ -109,7 +109,7 @@ def test_runner_consumes_the_plan(
 ) -> None:
     """`testbed run` with scheme ee-dp-fl and plan: PATH uses the plan's l, Q, alpha, sigma."""
     runner = pytest.importorskip("testbed.runner")
-    from testbed.config.loader import load_experiment
+    from testbed.core.config.loader import load_experiment
 
     sets = [a for o in [*tiny_overrides, *DP_CLIP] for a in ("--set", o)]
     scn = write_scenario(tmp_path / "scn.yaml", h=1.0, beta1=0.3, beta2=1e-7, q_max=64)
@@ -135,7 +135,7 @@ def test_runner_consumes_the_plan(
 def test_scenario_from_config_units(tmp_path: Path) -> None:
     """N0 per real coordinate = 10^(-snr/10) / 2; t_cm = 1/symbol rate; betas from a file."""
     from aggregator.solver.from_config import read_scenario_file, scenario_from_config
-    from testbed.config.loader import load_experiment, load_hardware
+    from testbed.core.config.loader import load_experiment, load_hardware
 
     cfg = load_experiment(None, ["devices=3", "snr_db=[10, 20, 30]", *DP_CLIP,
                                  "privacy.trusted_channel_noise=0.5"])

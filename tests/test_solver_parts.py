@@ -108,7 +108,7 @@ def test_energy_is_power_times_airtime() -> None:
 
 def test_power_agrees_with_the_runner_bound() -> None:
     """The runner's own expected power bound (ceil(l/2) symbols) never exceeds ours."""
-    schemes = pytest.importorskip("testbed.schemes")
+    schemes = pytest.importorskip("testbed.core.schemes")
     d, l, q, z = 2000, 501, 8, 5.0
     alpha, sigma = 0.03, 0.02
     ts, tq = l / d, math.sqrt(d) / q

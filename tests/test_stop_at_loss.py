@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.solver.calibration import smoothed_losses, uploads_to_target
-from testbed.config.loader import ConfigError, load_experiment
+from testbed.core.config.loader import ConfigError, load_experiment
 from testbed.runner import resume_experiment, run_experiment
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.privacy import Ledger
 from testbed.cli.main import main
-from testbed.config.loader import default_experiment_dict
-from testbed.config.safe_yaml import dump_yaml_text
+from testbed.core.config.loader import default_experiment_dict
+from testbed.core.config.safe_yaml import dump_yaml_text
+from testbed.core.privacy import Ledger
 from testbed.sweep import RESULT_COLUMNS, load_sweep, parse_sweep, run_sweep
 from testbed.sweep.cells import build_cells, cell_name
 

@@ -17,7 +17,7 @@ from radio.tdma import (
     tdma_schedule,
 )
 from radio.time_sync import OffsetEstimate, estimate_offset, exact, measure_offset
-from testbed.config.hardware import SHARED_TIME_SOURCES
+from radio.usrp_settings import SHARED_TIME_SOURCES
 
 
 def _exchanges(

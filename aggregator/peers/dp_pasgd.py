@@ -200,7 +200,7 @@ def testbed_epsilon(K: int, noise_multiplier: float, delta: float,
     import dp_accounting
     from dp_accounting import pld, rdp
 
-    from aggregator.privacy.record_rdp import ORDERS
+    from testbed.core.privacy.record_rdp import ORDERS
 
     K = _integer("K", K)
     z = _real("noise_multiplier", noise_multiplier)
@@ -232,7 +232,7 @@ def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta:
         Poisson sampling rate in ``(0, 1]`` (``B / D`` for ``D`` local records).
     noise_multiplier
         ``z = sigma B / C`` (> 0): std over the **add/remove** sensitivity ``C/B``, the
-        convention of :class:`~aggregator.privacy.record_events.RecordEvent` whatever the
+        convention of :class:`~testbed.core.privacy.record_events.RecordEvent` whatever the
         relation (the paper's replace-one multiplier is ``z/2``).
     delta
         Target delta in ``(0, 1)``.
@@ -245,9 +245,9 @@ def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta:
     Returns
     -------
     float
-        Epsilon from :func:`~aggregator.privacy.record_accountant.record_epsilon_for`.
+        Epsilon from :func:`~testbed.core.privacy.record_accountant.record_epsilon_for`.
     """
-    from aggregator.privacy.record_accountant import record_epsilon_for
+    from testbed.core.privacy.record_accountant import record_epsilon_for
 
     K = _integer("K", K)
     q = _real("q", q, high=1.0, high_open=False)

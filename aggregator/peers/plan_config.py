@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from aggregator.peers.dp_pasgd import DpPasgdPlan, plan_dp_pasgd
-from testbed.config.errors import ConfigError
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.loader import validate
-from testbed.config.safe_yaml import read_yaml_mapping
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.loader import validate
+from testbed.core.config.safe_yaml import read_yaml_mapping
 
 #: Format tag of a peer plan file.
 PEER_PLAN_FORMAT = "dpfl-peer-plan/1"
@@ -136,7 +136,7 @@ def check_run_accepts(cfg: ExperimentConfig, sizes: list[int], scheme: str,
     PeerPlanRefused
         Above the config's target: the run would stop with ``budget_exhausted``.
     """
-    from aggregator.privacy.record_accountant import record_epsilon_for
+    from testbed.core.privacy.record_accountant import record_epsilon_for
 
     q = cfg.batch_size / min(sizes) if cfg.privacy.secure_sampling else 1.0
     steps = int(overrides["rounds"]) * int(overrides["local_steps"])
@@ -227,8 +227,8 @@ def plan_for_config(cfg: ExperimentConfig, d: int, sc: DpPasgdScenario
 
 def save_peer_plan(path: Path, scheme: str, plan: Any, overrides: dict[str, Any]) -> None:
     """Write a peer plan file (atomic)."""
-    from testbed.config.safe_yaml import dump_yaml_text
-    from testbed.rundir import atomic_write_bytes
+    from testbed.core.config.safe_yaml import dump_yaml_text
+    from testbed.core.rundir import atomic_write_bytes
 
     body = {"format": PEER_PLAN_FORMAT, "scheme": scheme, "overrides": overrides,
             "plan": plan.to_dict()}

@@ -7,9 +7,9 @@ Derivations and departures from the paper: docs/solver.md.
 
 from aggregator.solver.baselines import PEER_SCHEMES, plan_all
 from aggregator.solver.infeasible import InfeasibleError
-from aggregator.solver.plan_file import DevicePlan, Plan, load_plan, save_plan
 from aggregator.solver.planner import SCHEMES, plan_scheme
 from aggregator.solver.scenario import Scenario, ScenarioError
+from testbed.core.plan_file import DevicePlan, Plan, load_plan, save_plan
 
 __all__ = [
     "PEER_SCHEMES",

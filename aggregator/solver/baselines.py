@@ -16,9 +16,9 @@ Each is solved by the same Algorithm 2 code with its family's ``kappa/d`` and ``
 from __future__ import annotations
 
 from aggregator.solver.infeasible import InfeasibleError
-from aggregator.solver.plan_file import Plan
 from aggregator.solver.planner import SCHEMES, plan_scheme
 from aggregator.solver.scenario import Scenario
+from testbed.core.plan_file import Plan
 
 PEER_SCHEMES: tuple[str, ...] = ("ldp-fedavg", "s-dp-fl", "channel-dp")
 

@@ -2,7 +2,7 @@
 
 ``plan_scheme(scenario, "ee-dp-fl")`` runs Algorithm 2 (:mod:`algorithm`), rounds, checks
 every constraint again on the integer plan, and reports epsilon in both accountings of
-:mod:`aggregator.privacy` (``paper`` and ``strict``) when that package is importable. The
+:mod:`testbed.core.privacy` (``paper`` and ``strict``) when that package is importable. The
 solver's own constraint is the paper accounting; if the accountant's paper epsilon exceeds
 the target (e.g. a coarser order grid), the solver tightens its internal target and solves
 again. The strict epsilon is reported, never hidden: ``strict_exceeds_target`` and a note
@@ -24,9 +24,9 @@ from aggregator.solver import algorithm as alg
 from aggregator.solver.compression_terms import kappa_ratio, theta_qs
 from aggregator.solver.energy import comm_energy_per_upload, power_symbol
 from aggregator.solver.infeasible import diagnose
-from aggregator.solver.plan_file import DevicePlan, Plan, SolverInfo
 from aggregator.solver.privacy_constraint import paper_epsilon
 from aggregator.solver.scenario import Scenario
+from testbed.core.plan_file import DevicePlan, Plan, SolverInfo
 
 #: scheme -> (compression family, whether channel noise is credited)
 SCHEMES: dict[str, tuple[str, bool]] = {
@@ -40,9 +40,9 @@ EpsilonFn = Callable[..., Any]
 
 
 def accountant_epsilon_for() -> EpsilonFn | None:
-    """``aggregator.privacy.epsilon_for`` if that package is importable, else ``None``."""
+    """``testbed.core.privacy.epsilon_for`` if that package is importable, else ``None``."""
     try:
-        from aggregator.privacy import epsilon_for
+        from testbed.core.privacy import epsilon_for
     except ImportError:
         return None
     return epsilon_for
@@ -164,7 +164,7 @@ def build_plan(
         for msg in sorted({str(w.message) for w in caught}):
             notes.append(f"accountant warning: {msg}")
     else:
-        notes.append("aggregator.privacy not importable: epsilon_paper is the solver's own "
+        notes.append("testbed.core.privacy not importable: epsilon_paper is the solver's own "
                      "closed form and epsilon_strict is not reported")
     if k >= s.k_max:
         notes.append(

@@ -4,8 +4,8 @@
 the quantized family), the uploads K and the per-device (alpha_i, sigma_i) of
 :class:`~aggregator.solver.record_problem.RecordProblem`, rounds to integers, and then
 checks the integer plan the way the run will: every device's epsilon after K rounds is
-composed by the run's own :class:`~aggregator.privacy.record_accountant.RecordAccountant`
-from the :class:`~aggregator.privacy.record_events.RecordEvent` the run will record at the
+composed by the run's own :class:`~testbed.core.privacy.record_accountant.RecordAccountant`
+from the :class:`~testbed.core.privacy.record_events.RecordEvent` the run will record at the
 plan's values; a plan whose epsilon exceeds the target is refused
 (:class:`PlanRefused`), never emitted.
 
@@ -43,7 +43,6 @@ from aggregator.solver import algorithm as alg
 from aggregator.solver.compression_terms import DECODED_NOISE_MODEL, theta_qs
 from aggregator.solver.energy import comm_energy_per_upload, power_symbol
 from aggregator.solver.infeasible import InfeasibleError
-from aggregator.solver.plan_file import DevicePlan, Plan, RecordPlanInfo, SolverInfo
 from aggregator.solver.record_problem import (
     RECORD_MARGIN,
     NoiseFloor,
@@ -52,6 +51,7 @@ from aggregator.solver.record_problem import (
     required_uploads,
 )
 from aggregator.solver.scenario import Scenario
+from testbed.core.plan_file import DevicePlan, Plan, RecordPlanInfo, SolverInfo
 
 #: scheme -> candidate (family, credits channel) options
 RECORD_SCHEMES: dict[str, tuple[tuple[str, bool], ...]] = {
@@ -70,7 +70,7 @@ def default_calibrator(
     terms: RecordTerms, epsilon: float, delta: float
 ) -> Callable[[float, int], float]:
     """``(q, K) -> z_min``: dp-accounting calibration to ``RECORD_MARGIN * epsilon``."""
-    from aggregator.privacy.record_accountant import calibrate_noise_multiplier
+    from testbed.core.privacy.record_accountant import calibrate_noise_multiplier
 
     def calibrate(q: float, k: int) -> float:
         return calibrate_noise_multiplier(
@@ -100,8 +100,8 @@ def account_plan(
     Devices with identical events share one composition. ``credited`` is the trusted
     fraction the run will credit (0 for a scheme without credit or with a quantizer).
     """
-    from aggregator.privacy.record_accountant import RecordAccountant, device_level_epsilon
-    from aggregator.privacy.record_events import RecordEvent
+    from testbed.core.privacy.record_accountant import RecordAccountant, device_level_epsilon
+    from testbed.core.privacy.record_events import RecordEvent
 
     s = scenario
     cache: dict[tuple[float, ...], tuple[float, float, float, float]] = {}

@@ -38,7 +38,7 @@ import numpy as np
 from aggregator.solver import algorithm as alg
 from aggregator.solver.compression_terms import theta_qs
 
-#: Calibrate to this fraction of the target (as the runner does, testbed.record_schemes):
+#: Calibrate to this fraction of the target (as the runner does, testbed.core.record_schemes):
 #: the enforced PLD accountant composes round by round and rounds z down by 1e-3 relative.
 RECORD_MARGIN = 0.995
 
@@ -81,7 +81,7 @@ class RecordTerms:
     @property
     def norm_bound(self) -> float:
         """``Z = C sqrt(1 + 1/B)``: bound on ``sqrt(E||v||^2)`` used for power (the runner's)."""
-        from testbed.record_schemes import record_norm_bound
+        from testbed.core.record_schemes import record_norm_bound
 
         return record_norm_bound(self.example_clip, self.expected_batch)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 
 
 def positive_seconds(flag: str) -> Any:
@@ -31,7 +31,7 @@ def positive_seconds(flag: str) -> Any:
 
 def train_allowance(text: str) -> float:
     """argparse type of ``--train-allowance``: seconds in (0, MAX_TRAIN_ALLOWANCE_S]."""
-    from testbed.lab.usrp_split import MAX_TRAIN_ALLOWANCE_S
+    from aggregator.lab.usrp_split import MAX_TRAIN_ALLOWANCE_S
 
     try:
         value = float(text)
@@ -101,12 +101,12 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.lab.aggregator import serve
-    from testbed.lab.checks import check_endpoint
-    from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
-    from testbed.lab.secagg_round import DEFAULT_PHASE_TIMEOUT_S
-    from testbed.outcome import outcome_line
-    from testbed.rundir import RunDirError, default_run_path, dumps
+    from aggregator.lab.secagg_server import DEFAULT_PHASE_TIMEOUT_S
+    from aggregator.lab.server import serve
+    from aggregator.outcome import outcome_line
+    from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.core.lab_checks import check_endpoint
+    from testbed.core.rundir import RunDirError, default_run_path, dumps
 
     setup_logging()
     progress = not args.no_progress and sys.stderr.isatty()

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import UniqueOverrides
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.config.paths import check_output_dir, check_output_file
-from testbed.config.safe_yaml import dump_yaml_text
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.paths import check_output_dir, check_output_file
+from testbed.core.config.safe_yaml import dump_yaml_text
 
 #: Exit code of a calibration whose fit is refused (error above the bound, not identified).
 EXIT_REFUSED = 3
@@ -164,7 +164,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if unit == "record":
         check_record_config(load_experiment(args.config, overrides))
     d = count_params(base)
-    from testbed.runner import prepare_data
+    from testbed.core.run_setup import prepare_data
 
     try:  # the data set is checked before any pilot; record pilots need its split
         _, parts = prepare_data(base)
@@ -204,7 +204,7 @@ def _settings_text(settings: dict[str, float]) -> str:
 
 def _run_pilot(k: int, n: int, pilot: Any, runs_root: Path, hw: Any) -> dict[str, Any]:
     """Run one pilot with a start and an end line on stderr; its row for the output."""
-    from testbed.rundir import RunDirError
+    from testbed.core.rundir import RunDirError
     from testbed.runner import run_experiment
 
     run_dir = runs_root / f"pilot-{k:02d}"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.config.loader import load_hardware
+from testbed.core.config.loader import load_hardware
 
 
 def _device_id(text: str) -> int:
@@ -71,16 +71,17 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from edge_device.lab.agent import EdgeAgent, EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
-    from testbed.lab.checks import check_endpoint, check_state_dir
-    from testbed.lab.curve_keys import KeyFileError, KeyFileMissingError
-    from testbed.lab.edge import EdgeAgent, EdgeError
+    from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.core.lab_checks import check_endpoint, check_state_dir
 
     setup_logging()
     hw = None
     try:
         if args.hw is not None:
-            from radio.edge_radio import RadioUnavailable, check_edge_radio
+            from edge_device.radio_check import check_edge_radio
+            from radio.edge_radio import RadioUnavailable
 
             hw = load_hardware(args.hw)
             try:

@@ -51,9 +51,9 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.config.loader import load_experiment, load_hardware
+    from testbed.core.config.loader import load_experiment, load_hardware
+    from testbed.core.rundir import default_run_path
     from testbed.lab.launch import launch
-    from testbed.rundir import default_run_path
 
     # Validate here, before any process starts (the error names the key).
     cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}"])

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import UniqueOverrides
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.config.paths import check_output_file
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.paths import check_output_file
 
 
 def register(sub: Any) -> None:
@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
 
 def count_params(cfg: ExperimentConfig) -> int:
     """Model size d of the config's model (builds it; imports torch)."""
-    from testbed.models import build_model, n_params
+    from testbed.core.models import build_model, n_params
 
     shape = (3, 32, 32) if cfg.dataset == "cifar10" else (1, 28, 28)
     return n_params(build_model(cfg.model, shape, seed=0))
@@ -71,7 +71,7 @@ def count_params(cfg: ExperimentConfig) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.baselines import PEER_SCHEMES, plan_all
     from aggregator.solver.from_config import read_scenario_file, scenario_from_config
-    from aggregator.solver.plan_file import save_plan
+    from testbed.core.plan_file import save_plan
 
     cfg = load_experiment(args.config, args.overrides)
     if args.scheme in ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg"):
@@ -136,7 +136,7 @@ def _plan_peer(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
         read_peer_scenario,
         save_peer_plan,
     )
-    from testbed.runner import prepare_data
+    from testbed.core.run_setup import prepare_data
 
     sc = read_peer_scenario(args.scenario, args.scheme)
     if args.out is not None:
@@ -180,7 +180,7 @@ def _plan_record(
         plan_noise_term,
         plan_record_scheme,
     )
-    from testbed.runner import prepare_data
+    from testbed.core.run_setup import prepare_data
 
     _data, parts = prepare_data(cfg)
     sizes = [len(p) for p in parts]

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.config.loader import ConfigError
-from testbed.config.paths import check_output_dir
+from testbed.core.config.loader import ConfigError
+from testbed.core.config.paths import check_output_dir
 
 #: MNIST CNN of 003 (two 5x5 conv layers, FC 50, softmax): 21,840 parameters.
 DEFAULT_D = 21840
@@ -139,7 +139,7 @@ def _number(text: str) -> int | float:
 
 
 #: --unit record: most steps composed (PLD memory is bounded whatever K, see
-#: aggregator/privacy/pld_bounded.py; the time still grows about as log K).
+#: testbed/core/privacy/pld_bounded.py; the time still grows about as log K).
 MAX_RECORD_STEPS = 10_000_000
 #: Options of one unit that the other unit refuses (both default to None).
 _DEVICE_ONLY = ("sigma", "alpha", "h", "n0", "rounds", "l")
@@ -153,7 +153,7 @@ def _only_for(args: argparse.Namespace, unit: str, names: tuple[str, ...]) -> No
 
 
 def _privacy(args: argparse.Namespace) -> int:
-    from aggregator.privacy import epsilon_for
+    from testbed.core.privacy import epsilon_for
 
     if args.unit == "record":
         return _privacy_record(args)
@@ -206,7 +206,7 @@ def _privacy(args: argparse.Namespace) -> int:
 
 def _privacy_record(args: argparse.Namespace) -> int:
     """``--unit record``: epsilon of ``--steps`` identical Poisson-subsampled Gaussian steps."""
-    from aggregator.privacy import record_epsilon_for
+    from testbed.core.privacy import record_epsilon_for
 
     _only_for(args, "device", _DEVICE_ONLY)
     missing = [f"--{n}" for n in ("q", "z", "steps") if getattr(args, n) is None]
@@ -254,7 +254,7 @@ def _num(x: float) -> float | str:
 
 
 def _curve(args: argparse.Namespace) -> int:
-    from aggregator.privacy.curve import Scheme, epsilon_over_gains
+    from testbed.core.privacy.curve import Scheme, epsilon_over_gains
 
     d = args.d
     l = max(1, round(0.1 * d)) if args.l is None else args.l

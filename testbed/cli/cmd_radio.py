@@ -30,10 +30,10 @@ from radio.link import LinkError, LinkFailed
 from radio.tdma import BURST_START_JITTER_S, slot_guard_s
 from radio.uhd_probe import find_usrps
 from radio.units import linear_to_db
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import DeviceRadio, HardwareConfig, device_radio
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
-from testbed.links import make_link, waveform_params
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import DeviceRadio, HardwareConfig, device_radio
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.links import make_link, waveform_params
 
 #: N210 master clock; its sample rates are 100 MS/s divided by an integer.
 N210_MASTER_CLOCK_HZ = 100e6

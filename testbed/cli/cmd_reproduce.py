@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import UniqueOverrides
-from testbed.config.loader import ConfigError, parse_override
+from testbed.core.config.loader import ConfigError, parse_override
 
 
 def register(sub: Any) -> None:
@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from testbed.interrupts import sigterm_as_interrupt
+    from testbed.core.interrupts import sigterm_as_interrupt
     from testbed.reproduce.cases import parse_datasets
     from testbed.reproduce.main import Request, parse_mapping, reproduce
 

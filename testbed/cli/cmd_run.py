@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import UniqueOverrides
-from testbed.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 
 
 def register(sub: Any) -> None:
@@ -59,9 +59,9 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.faults import pause_point
-    from testbed.outcome import outcome_line
-    from testbed.rundir import RunDirError, default_run_path, dumps
+    from aggregator.outcome import outcome_line
+    from testbed.core.faults import pause_point
+    from testbed.core.rundir import RunDirError, default_run_path, dumps
     from testbed.runner import resume_experiment, run_experiment
 
     progress = not args.no_progress and sys.stderr.isatty()
@@ -114,10 +114,10 @@ def plan_overrides(path: Path) -> list[str]:
     ``plan``, ``scheme``, ``rounds`` (K), ``privacy.unit``, the compression that gives the
     plan's ``l`` and ``Q``, and ``loss_targets`` = the plan's target loss (so the summary
     reports the round and energy at which the run reached it); everything else the plan
-    assumed is checked by the run (:func:`testbed.schemes.load_checked_plan`).
+    assumed is checked by the run (:func:`testbed.core.schemes.load_checked_plan`).
     """
     from aggregator.peers.plan_config import peer_plan_overrides
-    from aggregator.solver.plan_file import load_plan
+    from testbed.core.plan_file import load_plan
 
     peer = peer_plan_overrides(path)
     if peer is not None:  # a peer system's plan (testbed plan --scheme dp-pasgd)

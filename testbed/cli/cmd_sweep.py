@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.rundir import dumps
+    from testbed.core.rundir import dumps
     from testbed.sweep import run_sweep
 
     try:

@@ -19,9 +19,9 @@ import signal
 import sys
 
 from testbed import __version__
-from testbed.config.errors import ConfigError
-from testbed.faults import pause_point
-from testbed.interrupts import sigterm_as_interrupt
+from testbed.core.config.errors import ConfigError
+from testbed.core.faults import pause_point
+from testbed.core.interrupts import sigterm_as_interrupt
 
 #: Exit code of a command stopped by SIGINT or SIGTERM (README, "Outcomes").
 EXIT_INTERRUPTED = 130

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from testbed.config.errors import ConfigError
+from testbed.core.config.errors import ConfigError
 
 
 def override_key(item: str) -> str | None:

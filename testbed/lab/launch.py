@@ -96,7 +96,7 @@ def launch(
     ``train_allowance_s``, ``phase_timeout_s``: the aggregator's ``--train-allowance`` and
     ``--phase-timeout`` (``None``: its defaults); ``edge_args``: extra arguments per edge.
     """
-    from testbed.lab.curve_keys import generate_keys
+    from testbed.core.curve_keys import generate_keys
 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"--out '{out_dir}' exists and is not empty; choose another")

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed.core.rundir import atomic_write_bytes, dumps
 from testbed.report.load import NotARunDirectory, RunData, load_run
-from testbed.rundir import atomic_write_bytes, dumps
 
 __all__ = ["NotARunDirectory", "RunData", "load_run", "write_report"]
 

@@ -50,7 +50,7 @@ class NotARunDirectory(ValueError):
 
 def as_float(value: Any) -> float | None:
     """A JSON number as ``float``; the strings ``"inf"``, ``"-inf"``, ``"nan"`` that
-    :func:`testbed.rundir.json_safe` writes for non-finite floats as those floats; anything
+    :func:`testbed.core.rundir.json_safe` writes for non-finite floats as those floats; anything
     else (``None``, text, ``bool``) as ``None``."""
     if isinstance(value, bool):
         return None
@@ -306,7 +306,7 @@ def _read_json(run: RunData, name: str) -> dict[str, Any] | None:
 
 
 def _read_yaml(run: RunData, name: str) -> dict[str, Any] | None:
-    from testbed.config.safe_yaml import read_yaml_mapping
+    from testbed.core.config.safe_yaml import read_yaml_mapping
 
     p = run.path / name
     if not p.exists():

@@ -173,7 +173,7 @@ def read_source(run_dir: Path, file: str) -> Any:
                 break
         return out
     if file.endswith(".yaml"):
-        from testbed.config.safe_yaml import read_yaml_mapping
+        from testbed.core.config.safe_yaml import read_yaml_mapping
 
         return read_yaml_mapping(p, what=file)
     return json.loads(p.read_text(encoding="utf-8"))

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.config.loader import ConfigError
+from testbed.core.config.loader import ConfigError
+from testbed.core.rundir import atomic_write_bytes, dumps
 from testbed.reproduce.cases import (
     BASE_CONFIG,
     SHIPPED_CALIBRATION,
@@ -36,7 +37,6 @@ from testbed.reproduce.sections import (
     fig3_section,
     table1_section,
 )
-from testbed.rundir import atomic_write_bytes, dumps
 from testbed.sweep.cells import read_summary
 
 TARGETS: tuple[str, ...] = ("table1", "fig2a", "fig2b", "fig2c", "fig3", "all")

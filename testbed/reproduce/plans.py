@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.config.loader import ConfigError
+from testbed.core.config.loader import ConfigError
+from testbed.core.rundir import atomic_write_bytes
 from testbed.reproduce.cases import BASE_CONFIG
-from testbed.rundir import atomic_write_bytes
 
 
 def overrides_text(overrides: dict[str, Any]) -> list[str]:

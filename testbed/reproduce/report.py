@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.core.rundir import atomic_write_bytes
 from testbed.reproduce.figures import Sourced
 from testbed.reproduce.printed import PAPER_NAMES, TABLE1
-from testbed.rundir import atomic_write_bytes
 
 
 def fmt(x: Any, digits: int = 4) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.cmd_run import plan_overrides
-from testbed.config.loader import parse_override
+from testbed.core.config.loader import parse_override
 from testbed.reproduce.cases import (
     BASE_CONFIG,
     Case,

@@ -1,7 +1,7 @@
 """Cells of a sweep: one per grid combination, each an ordinary ``testbed run``.
 
 A cell's experiment config is built exactly as ``testbed run BASE --set KEY=VALUE ...``
-builds it (:func:`testbed.config.loader.load_experiment`): the shipped default, then the
+builds it (:func:`testbed.core.config.loader.load_experiment`): the shipped default, then the
 base file, then the sweep's ``set`` overrides, then the cell's grid values. Every cell is
 built and validated before any runs; the first invalid one is reported with its values.
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.config.errors import ConfigError
-from testbed.config.experiment import ExperimentConfig
-from testbed.config.hardware import HardwareConfig
-from testbed.config.loader import load_experiment, load_hardware, parse_override
-from testbed.outcome import OUTCOMES
+from aggregator.outcome import OUTCOMES
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.loader import load_experiment, load_hardware, parse_override
 from testbed.sweep.spec import SweepSpec, value_text
 
 #: Characters kept in a run directory name; anything else becomes ``_`` and a hash is added.
@@ -144,7 +144,7 @@ def build_cells(spec: SweepSpec) -> list[Cell]:
             overrides = (*fixed, *(_override(k, v, "--set") for k, v in values))
             cfg = load_experiment(spec.base, overrides)
             hw = load_hardware(cfg.hw_config, hw_fixed)
-            from testbed.links import check_link_config
+            from testbed.core.links import check_link_config
 
             check_link_config(cfg, hw, record=cfg.record)
             if getattr(cfg, "workers", 1) == "auto":

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.config.errors import ConfigError
-from testbed.config.safe_yaml import dump_yaml_text
-from testbed.interrupts import raise_interrupt, sigterm_as_interrupt
-from testbed.rundir import RunDirError, atomic_write_bytes, lock_directory
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.safe_yaml import dump_yaml_text
+from testbed.core.interrupts import raise_interrupt, sigterm_as_interrupt
+from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.sweep.cells import Cell, build_cells, cell_action, read_summary
 from testbed.sweep.results import plot_results, result_row, write_csv
 from testbed.sweep.spec import SweepSpec, load_sweep

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.rundir import atomic_write_bytes
+from testbed.core.rundir import atomic_write_bytes
 from testbed.sweep.cells import plain_text
 
 #: Columns after the grid keys, in order. Privacy columns are empty for ``fedavg``.
 RESULT_COLUMNS = (
-    "status",             # summary status (testbed.outcome.OUTCOMES), or not_run
+    "status",             # summary status (aggregator.outcome.OUTCOMES), or not_run
     "reason",             # the summary's reason
     "action",             # what this sweep did: ran, resumed, skipped, not_run
     "note",               # why a cell has no summary (the end of its log), else empty

@@ -15,7 +15,7 @@ A sweep file is YAML::
     cpus_per_cell: 1               # torch_threads of each cell, and the CPUs Ray reserves for it
 
 Every key of ``set`` and ``grid`` must be a key of the experiment config
-(:class:`~testbed.config.experiment.ExperimentConfig`), dotted for sections
+(:class:`~testbed.core.config.experiment.ExperimentConfig`), dotted for sections
 (``privacy.epsilon``); that is checked here, before any cell is built, and the error lists
 the keys allowed. Values are YAML values as ``--set`` would parse them; a mapping is
 refused (write the dotted keys instead, so a section is never replaced as a whole).
@@ -30,10 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from testbed.config.errors import ConfigError
-from testbed.config.experiment import NAME_PATTERN, ExperimentConfig
-from testbed.config.loader import validate
-from testbed.config.safe_yaml import read_yaml_mapping, short_repr
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.experiment import NAME_PATTERN, ExperimentConfig
+from testbed.core.config.loader import validate
+from testbed.core.config.safe_yaml import read_yaml_mapping, short_repr
 
 #: Most values one grid key may take, and most cells in one sweep.
 MAX_VALUES_PER_KEY = 1000

@@ -1,0 +1,248 @@
+"""The lab aggregator's run directory across restarts: open or create it, the uploads of the
+round under way that a restarted aggregator must not ask for again, and a finished run's
+answer to edges that join after its end.
+
+**A round interrupted by a crash (kill -9).** What the aggregator had received of the round
+is in ``inflight/`` (:meth:`testbed.core.rundir.RunDir.save_inflight`, kept right after each
+upload is recorded): the resumed round reuses those uploads, as ``testbed run`` does. A
+device whose upload of the round is in the ledger but not in ``inflight/`` (its intent was
+journalled, so the new :class:`~testbed.core.privacy_book.PrivacyBook` recorded it with its
+gated values; or the crash came between the record and ``inflight/``) is charged for the
+round already (:func:`charged_in_round`): it is asked again under the *recorded* nonce
+(:func:`ask_again`) and its answer is used without a second record
+(:func:`settle_again`), so no device is ever charged twice for one round. The edge answers
+with the very upload it sent before (kept in memory), or trains and sends one if it never
+began that upload (the record came from the aggregator's own intent); an edge that restarted
+in between refuses, and that update is lost (the record stays). Over USRPs a charged device
+is not asked again (a second burst would be a second release). Devices not charged are
+asked as usual, under fresh nonces. Every edge gets ``sync`` when the resumed
+aggregator starts (it adopts the records it lacks, its open intent included), so both
+ledgers hold the same uploads under the same nonces.
+
+**A finished run** (``summary.json`` says ``completed``, ``budget_exhausted`` or
+``diverged``): ``testbed aggregator --resume`` runs no round; it answers every edge that
+joins with ``finished`` (the run id, how it ended, and the device's recorded uploads, which
+the edge adopts as from ``sync``) until every device was told or ``--join-timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.interrupts import StopSignals
+from testbed.core.lab_checks import check_lab_run, mark_lab_run
+from testbed.core.protocol import ProtocolError, decode, encode
+from testbed.core.rundir import RunDir, atomic_write_bytes
+
+log = logging.getLogger("testbed.aggregator")
+
+#: Outcomes after which a run has nothing left to do (resuming it runs no round).
+FINISHED = ("completed", "budget_exhausted", "diverged")
+
+
+def endpoint_note(path: Path | None, endpoint: str) -> None:
+    """Write the bound endpoint (``tcp://127.0.0.1:PORT``) for a launcher to read."""
+    if path is not None:
+        atomic_write_bytes(path, (endpoint + "\n").encode())
+
+
+def open_run(
+    resume_dir: Path | None, cfg: ExperimentConfig | None, hw: HardwareConfig | None,
+    out_dir: Path | None,
+) -> tuple[RunDir, ExperimentConfig, HardwareConfig, int, Any, dict[str, Any] | None]:
+    """Open the lab run directory ``resume_dir`` (checked) or create ``out_dir`` for ``cfg``.
+
+    Returns the (locked) run directory, its configs, the round to continue with, the
+    weights to continue from (``None``: the initial model) and, for a finished run, its
+    summary (``None`` otherwise: rounds are to be run).
+
+    Raises
+    ------
+    RunDirError
+        ``resume_dir`` is not a lab run directory, or its files disagree.
+    """
+    from testbed.core.config.loader import load_experiment, load_hardware
+    from testbed.core.links import check_link_config
+    from testbed.core.recovery import check_config_pin, resume_point
+    from testbed.runner import _write_metadata
+
+    if resume_dir is not None:
+        check_lab_run(resume_dir)
+        rundir = RunDir.open(resume_dir)
+        try:
+            cfg = load_experiment(rundir.path / "config.yaml")
+            hw = load_hardware(str(rundir.path / "hw_config.yaml"))
+            check_config_pin(rundir, cfg, hw)
+            point = resume_point(rundir, private=cfg.scheme != "fedavg")
+            summary = None
+            if rundir.summary_path.exists():
+                summary = json.loads(rundir.summary_path.read_text())
+                if summary.get("status") not in FINISHED:
+                    summary = None
+        except BaseException:
+            rundir.close()
+            raise
+        return rundir, cfg, hw, point.next_round, point.weights, summary
+    assert cfg is not None and hw is not None and out_dir is not None
+    check_link_config(cfg, hw, record=cfg.record)
+    rundir = RunDir.create(out_dir)
+    try:
+        _write_metadata(rundir, cfg, hw)
+        mark_lab_run(rundir)
+    except BaseException:
+        rundir.remove()
+        raise
+    return rundir, cfg, hw, 0, None, None
+
+
+def charged_in_round(book: Any, t: int, skip: set[int]) -> dict[int, tuple[str, Any]]:
+    """Devices (not in ``skip``) whose upload of round ``t`` is already in the ledger, each
+    with the nonce and event recorded.
+
+    Only a restarted aggregator finds any: in a round that runs through, a device is
+    recorded after it was asked.
+    """
+    if book is None:
+        return {}
+    out: dict[int, tuple[str, Any]] = {}
+    for nonce, event in book.entries_by_nonce().items():
+        i = int(event.device)
+        if event.round == t and i not in skip and i not in out:
+            out[i] = (nonce, event)
+    return out
+
+
+def lost_entry(i: int, why: str) -> dict[str, Any]:
+    """Metrics entry of a device charged for the round before a restart whose update the
+    resumed round does not have."""
+    return {"device": i, "transmitted": None, "charged": True, "resumed": True, "lost": True,
+            "error": f"recorded before the aggregator restarted, not received: {why}"}
+
+
+def credits_channel(event: Any) -> bool:
+    """Whether a recorded event credits channel noise (a fraction of ``n0`` counted)."""
+    return float(getattr(event, "trusted_channel_noise", 0.0)) > 0 and \
+        float(getattr(event, "n0", 0.0)) > 0
+
+
+def ask_again(agg: Any, t: int, charged: dict[int, tuple[str, Any]]) -> set[int]:
+    """Ask each charged device that is connected to send its upload of round ``t`` again,
+    under the recorded nonce. The edge resends the very upload it sent (or, if it never
+    began that upload, trains and sends it), so the one record covers it: the same values
+    released twice reveal nothing more, *provided nothing fresh is added on the way*.
+
+    Not asked (the update is lost, charged once, the metrics say why):
+
+    * over USRPs: a second burst would be a second release;
+    * when the record credits channel noise: the receiver would add fresh channel noise to
+      the same upload, and two receptions average it down (``n0 / 2``), while the one
+      record credits ``n0`` once. Only an upload whose record credits no channel noise is
+      asked again.
+
+    Returns the devices asked.
+    """
+    if agg._split is not None:
+        return set()
+    weights = np.ascontiguousarray(agg.w, dtype="<f8").tobytes()
+    asked = set()
+    for i, (nonce, event) in sorted(charged.items()):
+        if credits_channel(event):
+            agg._settled[i] = lost_entry(
+                i, "not asked again: its record credits channel noise, and a second "
+                "reception of the same upload would average that noise down")
+            continue
+        if not agg.plane.ready(i):
+            continue
+        agg._pending[i] = (nonce, event)
+        agg.plane.send(i, "round", {
+            "round": t, "nonce": nonce, "d": agg.d, "channel": agg._channel(event),
+            "mechanism": event.to_dict(), "slot": 0, "deadline_s": float(agg.round_timeout_s),
+            "tx_time_s": None,
+        }, weights)
+        asked.add(i)
+    return asked
+
+
+def settle_again(
+    agg: Any, t: int, i: int, nonce: str, event: Any, msg: Any, link: Any,
+    rng: np.random.Generator, timer: Any,
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """Use the upload a device sent again (:func:`ask_again`); it is recorded already, so
+    nothing is committed: no answer or a refusal leaves the record and loses the update."""
+    from testbed.core.protocol import UploadHeader
+
+    if msg is None or msg.type != "upload":
+        why = "no answer" if msg is None else f"refused: {msg['reason']}"
+        return lost_entry(i, why), None
+    try:
+        header = UploadHeader.from_dict(msg["header"])
+        if (header.device, header.round_index, header.d) != (i, t, agg.d) or msg["on_air"]:
+            raise ValueError("header names another device, round or model size")
+    except (TypeError, ValueError) as exc:
+        return lost_entry(i, f"bad upload: {exc}"), None
+    symbols = np.frombuffer(msg.payload or b"", dtype="<c16").astype(np.complex128)
+    book, agg.book = agg.book, None  # recorded before the restart: carried, not recorded
+    try:
+        info, vec = agg._receive(t, i, nonce, header, symbols, float(msg["symbol_energy"]),
+                                 float(msg["energy_comp_j"]), str(msg["energy_comp_source"]),
+                                 link, rng, timer)
+    finally:
+        agg.book = book
+    loss = msg["train_loss"]
+    info |= {"train_loss": float("nan") if loss is None else float(loss), "resumed": True,
+             "charged": True, "sent_again": True}
+    if book is not None:
+        info |= {f"epsilon_{k}": r.epsilon for k, r in book.epsilon(i).items()}
+    agg.rundir.save_inflight(t, i, vec, info)
+    agg.plane.send(i, "ack", {"round": t, "nonce": nonce, "channel": agg._channel(event)})
+    return info, vec
+
+
+def device_events(rundir: RunDir, device: int) -> list[dict[str, Any]]:
+    """Every upload the run's ledger holds for ``device``, as ``sync`` lists them."""
+    from testbed.core.privacy.ledger import Ledger
+
+    if not rundir.ledger_path.exists():
+        return []
+    with Ledger.open(rundir.ledger_path) as ledger:
+        return [{"nonce": e.nonce, "event": e.event.to_dict()} for e in ledger.entries()
+                if e.nonce is not None and e.event.device == device]
+
+
+def serve_finished(
+    server: Any, rundir: RunDir, devices: int, summary: dict[str, Any], timeout_s: float,
+) -> set[int]:
+    """Answer every edge that says anything with ``finished`` until each device was told
+    or ``timeout_s`` passed; returns the devices told."""
+    reason = f"run ended ({summary.get('status')}): {summary.get('reason') or 'all rounds'}"
+    told: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    log.info("run %s has ended (%s); telling the edges that join within %g s",
+             rundir.path.name, summary.get("status"), timeout_s)
+    with StopSignals() as stop:
+        while len(told) < devices and time.monotonic() < deadline:
+            stop.check()
+            got = server.recv(0.2)
+            if got is None:
+                continue
+            identity, device, frames = got
+            try:
+                msg = decode(frames)
+            except ProtocolError:
+                continue
+            if msg["device"] != device or device >= devices or msg.type == "leave":
+                continue
+            server.send(identity, encode("finished", {
+                "device": device, "run_id": rundir.path.name, "reason": reason,
+                "events": device_events(rundir, device)}))
+            told.add(device)
+            log.info("device %d told that the run has ended", device)
+    return told

@@ -1,0 +1,568 @@
+"""Typed, validated experiment configuration.
+
+An experiment config is a YAML mapping parsed into :class:`ExperimentConfig`. Unknown
+keys, wrong types and out-of-range values are refused before anything runs; see
+:mod:`testbed.core.config.loader` for the error format.
+
+Units are in the key names or the field docs: ``snr_db`` in dB, ``p_max_w`` in watts,
+``e_comp_j`` in joules.
+
+Types are strict: an integer key takes an integer (not ``true``, not ``"5"``), a number
+key takes an integer or a decimal (``privacy.epsilon: 5`` is fine) but not a boolean or a
+string, and every number must be finite (``.inf`` and ``.nan`` are refused). Values that
+would overflow later arithmetic have upper bounds: ``clip.bound <= 1e6``,
+``privacy.sigma <= 1e6``, ``power.alpha <= 1e9``, ``power.p_max_w <= 100`` W,
+``energy.e_comp_j <= 1e6`` J. ``name`` becomes a directory name under ``runs/``, so it must
+be a plain file name (:data:`NAME_PATTERN`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from testbed.core.config.safe_yaml import short_repr
+
+SCHEMES = (
+    "fedavg",
+    "ldp-fedavg",
+    "s-dp-fl",
+    "channel-dp",
+    "ee-dp-fl",
+    "noise-after-compression",
+    "dp-pasgd",
+    "fedsgd-dpc",
+    "zcdp-secagg",
+)
+#: Peer schemes that sample devices per round (``clients_per_round``: 004's b, 002's r).
+SAMPLED_SCHEMES = ("fedsgd-dpc", "zcdp-secagg")
+#: The peer systems (record unit, per-step noise only).
+PEER_SCHEMES = ("dp-pasgd", *SAMPLED_SCHEMES)
+LINKS = ("symbol", "waveform", "gnuradio", "usrp")
+DATASETS = ("fashion-mnist", "mnist", "cifar10")
+MODELS = ("mnist-cnn", "cifar-cnn", "logreg")
+
+#: Where each data set is looked for when ``data_dir`` is not given.
+DEFAULT_DATA_DIRS: dict[str, str | None] = {
+    "fashion-mnist": "/usr/share/datasets/fashion-mnist",
+    "mnist": None,
+    "cifar10": None,
+}
+
+
+#: A run name: letters, digits, ``-``, ``_``, ``.``; not starting with ``.``; 1-100 chars.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+class _Strict(BaseModel):
+    """Base: unknown keys are errors, values are not coerced across kinds, floats finite.
+
+    Strict mode refuses ``true`` or ``"5"`` for an integer and for a number, and an integer
+    for a boolean; an integer is still accepted for a float (``epsilon: 5``).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
+    )
+
+
+class ClipConfig(_Strict):
+    """Clipping of the local differential before any noise (SEED-NOTES item 1).
+
+    ``mode: coordinate`` clips every coordinate to ``|g_j| <= bound / sqrt(d)`` (the paper's
+    per-coordinate clipping, which implies ``||g||_2 <= bound``); ``mode: norm`` rescales
+    ``g`` so that ``||g||_2 <= bound``; ``mode: none`` disables clipping (no DP scheme
+    accepts it). ``bound`` is therefore always the l2 bound ``Z`` of 003 Section IV-C.
+    """
+
+    mode: Literal["coordinate", "norm", "none"] = "coordinate"
+    bound: float = Field(
+        5.0, gt=0, le=1e6, description="Z, l2 bound of the clipped differential"
+    )
+
+
+class CompressionConfig(_Strict):
+    """C_{q,s} of 003 eq. (8): random sparsification then stochastic quantization."""
+
+    sparsify: bool = True
+    theta_s: float = Field(0.1, gt=0, le=1, description="l/d, fraction of coordinates kept")
+    quantize: bool = True
+    levels: int = Field(16, ge=1, le=1 << 20, description="Q, quantization levels")
+
+
+class PrivacyConfig(_Strict):
+    """Privacy targets and artificial noise."""
+
+    epsilon: float = Field(5.0, gt=0, description="per-device target epsilon (finite)")
+    delta: float = Field(
+        1e-5,
+        gt=0,
+        lt=1,
+        description=(
+            "delta of (epsilon, delta)-DP; must be < 1/n, n = min D_i (record unit: the "
+            "smallest device's records) or n = devices (device unit), unless "
+            "allow_large_delta"
+        ),
+    )
+    allow_large_delta: bool = Field(
+        False,
+        description=(
+            "run although delta >= 1/n (see delta): the summary's privacy section then says "
+            "so (delta_exceeds_1_over_D: true and a sentence); otherwise such a delta is "
+            "refused before the first round"
+        ),
+    )
+    accounting: Literal["paper", "strict"] = Field(
+        "strict", description="accounting that enforces the budget; both are reported"
+    )
+    sigma: float | None = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description=(
+            "artificial noise std per coordinate; null = the smallest value meeting epsilon "
+            "over all rounds (calibrated per device)"
+        ),
+    )
+    trusted_channel_noise: float = Field(
+        1.0, ge=0, le=1, description="fraction of channel noise credited (0 = local DP)"
+    )
+    n0_confidence: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description=(
+            "two-sided confidence of the N0 and |h| bounds when the channel is estimated; "
+            "null = 1 - delta / (20 rounds), so the failure probabilities of the two bounds "
+            "(added to delta in delta_total) sum to at most delta / 10 per device"
+        ),
+    )
+    unit: Literal["record", "device"] = Field(
+        "record",
+        description=(
+            "privacy unit: 'record' (one sample of a device's data, 003 Definition 1; "
+            "per-example clipping, Poisson batches) or 'device' (a device's whole data set)"
+        ),
+    )
+    noise: Literal["per-step", "upload"] = Field(
+        "per-step",
+        description=(
+            "record unit: Gaussian noise on every local step's clipped sum (DP-SGD on the "
+            "device) or once on the upload (needs local_steps 1; channel noise credited)"
+        ),
+    )
+    noise_distribution: Literal["gaussian", "laplace"] = Field(
+        "gaussian",
+        description=(
+            "record unit: 'gaussian' (Poisson batches, l2 clipping, Gaussian noise per step) "
+            "or 'laplace' (scheme fedsgd-dpc only, 004's Laplace mechanism: every record in "
+            "the one local step, l1 clipping to example_clip, sum / D_i, Laplace noise from "
+            "the OS CSPRNG; pure DP)"
+        ),
+    )
+    example_clip: float = Field(
+        1.0,
+        gt=0,
+        le=1e6,
+        description=(
+            "record unit: l2 bound C of each example's gradient (l1 bound xi_1 with "
+            "noise_distribution laplace)"
+        ),
+    )
+    accountant: Literal["rdp", "pld"] = Field(
+        "pld",
+        description="record unit: dp-accounting accountant that enforces the budget (both kept)",
+    )
+    relation: Literal["add-remove", "replace-one"] = Field(
+        "add-remove", description="record unit: neighbouring data sets"
+    )
+    secure_sampling: bool = Field(
+        True,
+        description=(
+            "record unit: Poisson batches drawn from the OS CSPRNG, so subsampling "
+            "amplification is credited (false: seeded batches, no amplification credited)"
+        ),
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description=(
+            "record unit: noise multiplier z per step (laplace: scale / (example_clip / D_i)); "
+            "null = calibrated to epsilon"
+        ),
+    )
+    per_example: Literal["vmap", "layers"] = Field(
+        "vmap",
+        description=(
+            "record unit: per-example gradients by torch.func (vmap over grad) or by the "
+            "project's layer-wise closed forms (about 1.5x faster on the CNN, checked "
+            "against vmap; edge_device/per_example.py)"
+        ),
+    )
+    stop_on_budget: bool = Field(
+        False,
+        description=(
+            "a run that stops because no device has budget left, after at least one round, "
+            "counts as a success (exit code 0)"
+        ),
+    )
+
+    @property
+    def enforced(self) -> str:
+        """The accounting that enforces the budget: ``accountant`` for the record unit,
+        ``accounting`` for the device unit."""
+        return self.accountant if self.unit == "record" else self.accounting
+
+
+class PowerConfig(_Strict):
+    """Transmit scaling."""
+
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        le=1e9,
+        description="power scaling alpha_i; null = normalise to unit symbol power",
+    )
+    p_max_w: float = Field(
+        0.1, gt=0, le=100, description="per-device maximum transmit power (W), at most 100 W"
+    )
+
+
+class EnergyConfig(_Strict):
+    """Computing energy: the model (003 Section V-A) or a power meter (``source``)."""
+
+    e_comp_j: float = Field(
+        0.5, ge=0, le=1e6, description="local computing energy per round (J), at most 1e6 J"
+    )
+    source: Literal["model", "measured", "auto"] = Field(
+        "model",
+        description=(
+            "computing energy per device per round: 'model' = e_comp_j; 'measured' = a "
+            "power meter (Jetson INA3221 or Intel RAPL; whole board/package over the "
+            "device's training time slice), refused at start when none is available; "
+            "'auto' = a power meter when available, else e_comp_j"
+        ),
+    )
+
+
+class ExperimentConfig(_Strict):
+    """One experiment: what to train, over which link, with which privacy scheme."""
+
+    name: str = Field(
+        "default", description="run name, a plain file name (the run directory's prefix)"
+    )
+    seed: int = Field(
+        0, ge=0, le=2**63 - 1, description="root seed for data, model init and channel"
+    )
+    rounds: int = Field(40, ge=1, le=1_000_000, description="global rounds K (uploads)")
+    devices: int = Field(10, ge=1, le=100_000)
+    local_steps: int = Field(20, ge=1, le=1_000_000, description="H, local SGD steps per round")
+    batch_size: int = Field(32, ge=1, le=1_000_000)
+    lr: float = Field(0.05, gt=0, le=100)
+    dataset: Literal["fashion-mnist", "mnist", "cifar10"] = "fashion-mnist"
+    data_dir: str | None = Field(None, description="directory with the data set files")
+    partition: Literal["iid", "noniid"] = "noniid"
+    dominant_fraction: float = Field(
+        0.75, gt=0, le=1, description="non-IID: fraction of a device's samples from its label"
+    )
+    model: Literal["mnist-cnn", "cifar-cnn", "logreg"] = "mnist-cnn"
+    scheme: Literal[
+        "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression",
+        "dp-pasgd", "fedsgd-dpc", "zcdp-secagg",
+    ] = "fedavg"
+    clients_per_round: int | None = Field(
+        None, ge=1, le=100_000,
+        description=(
+            "fedsgd-dpc (004): b devices per round, round robin; zcdp-secagg (002): r devices "
+            "per round, drawn with the OS CSPRNG; null = every device"
+        ),
+    )
+    link: Literal["symbol", "waveform", "gnuradio", "usrp"] | None = Field(
+        None, description="overrides the hardware config's link"
+    )
+    hw_config: str = Field(
+        "sim", min_length=1, description="name in hw_configs/ or a path to a YAML file"
+    )
+    snr_db: float | list[float] = Field(
+        20.0, description="per-device average receive SNR (dB) at unit symbol power"
+    )
+    fading: Literal["none", "rayleigh", "rician"] = "none"
+    rician_k_db: float = Field(6.0, ge=-30, le=60)
+    noiseless: bool = Field(False, description="h = 1 and no channel noise (testing)")
+    eval_every: int = Field(
+        20,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "rounds between evaluations on the full test set (test_accuracy, test_loss); the "
+            "last round is always evaluated on it"
+        ),
+    )
+    eval_samples: int | None = Field(
+        None, ge=1, le=10**9, description="cap on test samples (the 'full test set')"
+    )
+    eval_subset: int | None = Field(
+        500,
+        ge=1,
+        le=10**9,
+        description=(
+            "test samples evaluated every round (subset_accuracy, subset_loss): a fixed "
+            "subset of the (capped) test set drawn without replacement from the experiment "
+            "seed (stream EVAL), the same in every round and after a resume; the whole test "
+            "set when it has fewer samples; null = no per-round subset evaluation. 500 "
+            "samples: standard error about 1.8 points at 80 % accuracy, for 3 % of a default "
+            "round"
+        ),
+    )
+    workers: int | Literal["auto"] = Field(
+        1,
+        description=(
+            "processes that train the devices of a round in parallel: an integer 1-256 or "
+            "'auto' (the cores this process may run on, os.sched_getaffinity, divided by "
+            "torch_threads; 1 while a power meter measures computing energy). 1 = train in "
+            "the run's own process, one device after another. Results are the same for the "
+            "same seed; encoding, transmission and the privacy ledger stay in the run's "
+            "process, in device order"
+        ),
+    )
+    sample_devices: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description=(
+            "devices asked to upload per round, drawn uniformly without replacement from the "
+            "population of `devices` (schemes other than fedsgd-dpc and zcdp-secagg, which "
+            "take clients_per_round). Drawn from the experiment seed (stream "
+            "DEVICE_SAMPLING): reproducible and the same after a resume, and public to "
+            "whoever knows the seed, so no privacy amplification by device sampling is "
+            "credited: each device's epsilon composes its own uploads only. Device state is "
+            "created when a device is first selected; the round is averaged over the "
+            "selected devices. null = every device, every round"
+        ),
+    )
+    train_samples: int | None = Field(
+        None, ge=1, le=10**9, description="cap on training samples used"
+    )
+    plan: str | None = Field(None, description="plan YAML from `testbed plan` (ee-dp-fl)")
+    record: bool = Field(False, description="store received I/Q as SigMF")
+    project_decoded: bool = Field(
+        True,
+        description=(
+            "with clip.mode coordinate, clip each decoded coordinate to the range the sent "
+            "value could have without noise, (d/l) Z / sqrt(d) (post-processing: no privacy "
+            "cost); off = plain channel inversion of 003 eq. 14"
+        ),
+    )
+    torch_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description=(
+            "intra-op threads for training, per worker process (1 avoids oversubscription)"
+        ),
+    )
+    loss_targets: list[float] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "training losses whose first round and energy spent up to it (all devices, "
+            "computing + radio) the summary reports (003 Fig. 3)"
+        ),
+    )
+    loss_target_window: int = Field(
+        5,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "rounds in the trailing mean of the training loss that loss_targets and "
+            "stop_at_loss compare with the target (1 = the raw per-round loss); the same "
+            "definition as `testbed calibrate --window`"
+        ),
+    )
+    stop_at_loss: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "end the run (status completed) after the first round whose training loss, "
+            "averaged over loss_target_window rounds, is at or below this; null = run all "
+            "rounds"
+        ),
+    )
+    clip: ClipConfig = ClipConfig()
+    compression: CompressionConfig = CompressionConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    power: PowerConfig = PowerConfig()
+    energy: EnergyConfig = EnergyConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not NAME_PATTERN.fullmatch(v):
+            raise ValueError(
+                "allowed: a plain file name of 1-100 letters, digits, '-', '_' or '.', "
+                "not starting with '.' (it names the run directory under runs/)"
+            )
+        return v
+
+    @field_validator("snr_db", mode="before")
+    @classmethod
+    def _snr_values(cls, v: Any) -> Any:
+        # Checked here, before the float | list union, so that one error names the
+        # problem instead of one error per union member.
+        values = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and not v:
+            raise ValueError("allowed: a number or a non-empty list of numbers (dB)")
+        for x in values:
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise ValueError(
+                    f"SNR {short_repr(x, 80)} is not a number; allowed: a number or a list of "
+                    "numbers (dB)"
+                )
+            if not math.isfinite(x) or not -50.0 <= x <= 100.0:
+                raise ValueError(f"SNR {x} dB outside the allowed range [-50, 100] dB")
+        return v
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_value(cls, v: Any) -> Any:
+        # One clear message instead of one error per member of the int | 'auto' union.
+        if isinstance(v, str) and v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
+            raise ValueError(
+                "allowed: an integer 1-256 (worker processes) or 'auto' (the cores available)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ExperimentConfig:
+        if isinstance(self.snr_db, list) and len(self.snr_db) != self.devices:
+            raise ValueError(
+                f"snr_db: a list must have one value per device ({self.devices}), "
+                f"got {len(self.snr_db)}"
+            )
+        private = self.scheme != "fedavg"
+        if self.clients_per_round is not None:
+            if self.scheme not in SAMPLED_SCHEMES:
+                raise ValueError(
+                    f"clients_per_round: got {self.clients_per_round}; only for schemes "
+                    f"{SAMPLED_SCHEMES} (scheme is {self.scheme!r})"
+                )
+            if self.clients_per_round > self.devices:
+                raise ValueError(
+                    f"clients_per_round: got {self.clients_per_round}; at most devices "
+                    f"({self.devices})"
+                )
+        if self.sample_devices is not None:
+            if self.scheme in SAMPLED_SCHEMES:
+                raise ValueError(
+                    f"sample_devices: got {self.sample_devices}; scheme {self.scheme!r} picks "
+                    "its devices per round itself (its paper's rule): use clients_per_round"
+                )
+            if self.sample_devices > self.devices:
+                raise ValueError(
+                    f"sample_devices: got {self.sample_devices}; at most devices "
+                    f"({self.devices}), the population it is drawn from"
+                )
+        if self.workers != 1 and self.energy.source == "measured":
+            raise ValueError(
+                f"workers: got {self.workers!r} with energy.source 'measured': a power meter "
+                "measures the whole host over each device's training slice, and parallel "
+                "slices overlap (the energy would be counted twice); allowed: workers=1, or "
+                "energy.source=model"
+            )
+        if self.scheme == "zcdp-secagg" and (self.clients_per_round or self.devices) < 3:
+            raise ValueError(
+                "clients_per_round: secure aggregation (zcdp-secagg) needs at least 3 devices "
+                f"per round, got {self.clients_per_round or self.devices}"
+            )
+        if self.scheme in ("dp-pasgd", *SAMPLED_SCHEMES) and (
+            self.privacy.unit != "record" or self.privacy.noise != "per-step"
+        ):
+            raise ValueError(
+                f"scheme: {self.scheme!r} adds noise at every local step of every record's "
+                f"clipped gradient; it needs privacy.unit=record and privacy.noise=per-step "
+                f"(got {self.privacy.unit!r} and {self.privacy.noise!r})"
+            )
+        if self.privacy.noise_distribution == "laplace" and self.scheme != "fedsgd-dpc":
+            raise ValueError(
+                f"privacy.noise_distribution: 'laplace' is 004's mechanism and runs only with "
+                f"scheme 'fedsgd-dpc' (scheme is {self.scheme!r}); use "
+                "privacy.noise_distribution=gaussian"
+            )
+        if self.scheme == "fedsgd-dpc" and self.local_steps != 1:
+            raise ValueError(
+                f"local_steps: got {self.local_steps}; fedsgd-dpc (004) replies with one local "
+                "step per round (FedSGD): set local_steps=1"
+            )
+        if self.scheme == "dp-pasgd" and (
+            self.privacy.unit != "record" or self.privacy.noise != "per-step"
+        ):
+            raise ValueError(
+                f"scheme: 'dp-pasgd' (000) adds noise at every local step of every record's "
+                f"clipped gradient; it needs privacy.unit=record and privacy.noise=per-step "
+                f"(got {self.privacy.unit!r} and {self.privacy.noise!r})"
+            )
+        if private and self.privacy.unit == "record":
+            if self.scheme == "noise-after-compression":
+                raise ValueError(
+                    "privacy.unit: 'record' is not available with scheme "
+                    "'noise-after-compression' (its noise sits on the quantized vector, whose "
+                    "record-level sensitivity is not C/B); use privacy.unit=device"
+                )
+            if self.privacy.sigma is not None:
+                raise ValueError(
+                    f"privacy.sigma: got {self.privacy.sigma}; with privacy.unit=record the "
+                    "noise is set by privacy.noise_multiplier (z, per step), not sigma"
+                )
+            if self.plan is not None and (
+                self.privacy.noise != "upload" or self.privacy.noise_multiplier is not None
+            ):
+                raise ValueError(
+                    "plan: a record-level plan sets the upload noise itself; it needs "
+                    "privacy.noise=upload and privacy.noise_multiplier=null"
+                )
+            if self.privacy.noise == "upload" and self.local_steps != 1:
+                raise ValueError(
+                    f"privacy.noise: 'upload' with local_steps={self.local_steps}: with noise "
+                    "only at the upload, later local steps depend on a record through the "
+                    "weights, so the record-level sensitivity is not C/B; set local_steps=1 "
+                    "(FedSGD) or privacy.noise=per-step"
+                )
+        if self.privacy.unit == "device" and self.privacy.noise_multiplier is not None:
+            raise ValueError(
+                "privacy.noise_multiplier: only for privacy.unit=record; the device unit takes "
+                "privacy.sigma"
+            )
+        if private and self.privacy.unit == "device" and self.clip.mode == "none":
+            raise ValueError(
+                f"clip.mode: 'none' is not allowed with scheme '{self.scheme}' "
+                "(DP needs bounded sensitivity); use 'coordinate' or 'norm'"
+            )
+        if self.model == "cifar-cnn" and self.dataset != "cifar10":
+            raise ValueError("model: 'cifar-cnn' needs dataset 'cifar10'")
+        if self.model == "mnist-cnn" and self.dataset == "cifar10":
+            raise ValueError("model: 'mnist-cnn' takes 28x28x1 images; use 'cifar-cnn'")
+        return self
+
+    def n0_confidence(self) -> float:
+        """Two-sided confidence of estimated channel bounds (``privacy.n0_confidence``, or
+        ``1 - delta / (20 rounds)``: each upload's two bounds fail with probability at most
+        ``2 (1 - c)``, so over ``rounds`` uploads at most ``delta / 10``)."""
+        if self.privacy.n0_confidence is not None:
+            return self.privacy.n0_confidence
+        return 1.0 - self.privacy.delta / (20.0 * self.rounds)
+
+    def snr_db_per_device(self) -> list[float]:
+        """Per-device SNR in dB, shape ``(devices,)``."""
+        if isinstance(self.snr_db, list):
+            return list(self.snr_db)
+        return [float(self.snr_db)] * self.devices
+
+    def resolved_data_dir(self) -> str | None:
+        """The data directory: the configured one, else the data set's default."""
+        return self.data_dir if self.data_dir is not None else DEFAULT_DATA_DIRS[self.dataset]

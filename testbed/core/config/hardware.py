@@ -1,0 +1,339 @@
+"""Typed, validated hardware configuration (``hw_configs/*.yaml``).
+
+A hardware config says which link carries the uploads and how the radio is set up. The
+same experiment config runs over any of them; only the link changes.
+
+Sections (all optional, defaults shown in ``hw_configs/sim.yaml``):
+
+``waveform``
+    Frame numerology (pulse, preamble, pilots) and the impairments the emulated links
+    apply (Doppler speed, frequency / timing / sample-rate offsets). Used by the
+    ``waveform``, ``gnuradio`` and ``usrp`` links.
+``gnuradio``
+    The channel-emulator flowgraph process (seeds, interpreter, start-up limit).
+``usrp``
+    Device arguments, frequency, gains, power limit, clock and time source of a
+    USRP (N210 + WBX in the paper's lab). ``usrp.tx_args`` is the one transmitter of the
+    single-process ``usrp`` link; ``usrp.devices`` lists each edge device's own
+    transmitter for the lab split (one edge process per Jetson, :func:`device_radio`).
+
+Types are strict as in :mod:`testbed.core.config.experiment`: no booleans or strings for
+numbers, no integers for booleans, every number finite. Rates and powers have upper bounds
+so later arithmetic cannot overflow: ``symbol_rate_hz <= 1e9``, ``tx_power_ref_w <= 100`` W,
+``coherence_symbols <= 1e12``, ``snr_sweep_db`` values in [-50, 100] dB.
+
+Any key can be changed from the command line with ``--hw-set KEY=VALUE`` (dotted for
+sections, e.g. ``--hw-set waveform.speed_kmh=20``); see
+:func:`testbed.core.config.loader.load_hardware`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from radio.usrp_settings import DeviceRadio, ReceiverRadio
+from testbed.core.config.errors import ConfigError
+
+#: Largest device id a hardware config may name.
+MAX_DEVICE_ID = 65535
+#: UHD device-args keys that identify one USRP (two args sharing one of these values name
+#: the same device).
+IDENTITY_KEYS = ("addr", "serial", "name", "resource")
+
+
+class _Strict(BaseModel):
+    """Base: unknown keys refused, no coercion across kinds, finite numbers only."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
+    )
+
+
+class WaveformSection(_Strict):
+    """Baseband numerology and emulated impairments (see ``radio.framing``)."""
+
+    samples_per_symbol: int = Field(5, ge=2, le=64, description="RRC oversampling")
+    rolloff: float = Field(0.35, gt=0, le=1, description="RRC excess bandwidth")
+    span_symbols: int = Field(16, ge=2, le=128, description="RRC length in symbols (even)")
+    zc_length: int = Field(37, ge=3, le=1023, description="Zadoff-Chu length (odd)")
+    preamble_repeats: int = Field(4, ge=2, le=16)
+    pilot_spacing: int = Field(
+        96, ge=1, le=1_000_000, description="payload symbols between pilot blocks"
+    )
+    pilots_per_block: int = Field(8, ge=2, le=256)
+    pilot_smoothing: int = Field(3, ge=1, le=63, description="pilot blocks averaged (odd)")
+    guard_symbols: int = Field(12, ge=0, le=4096)
+    distortion_floor_db: float = Field(
+        -40.0, ge=-80, le=-20, description="receiver distortion not credited as noise (dB)"
+    )
+    speed_kmh: float = Field(0.0, ge=0, le=1000, description="Doppler: speed (km/h)")
+    cfo_hz: float = Field(0.0, ge=-1e5, le=1e5, description="emulated carrier offset (Hz)")
+    cfo_spread_hz: float = Field(0.0, ge=0, le=1e5, description="+- uniform extra CFO (Hz)")
+    delay_max_samples: float = Field(
+        512.0, ge=0, le=1e7, description="emulated leading samples, uniform in [0, max]"
+    )
+    sro_ppm: float = Field(0.0, ge=-200, le=200, description="emulated sample-rate offset")
+    tail_samples: int = Field(256, ge=0, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _odd_even(self) -> WaveformSection:
+        if self.span_symbols % 2:
+            raise ValueError(f"waveform.span_symbols: got {self.span_symbols}; must be even")
+        if self.zc_length % 2 == 0:
+            raise ValueError(f"waveform.zc_length: got {self.zc_length}; must be odd")
+        if self.pilot_smoothing % 2 == 0:
+            raise ValueError(f"waveform.pilot_smoothing: got {self.pilot_smoothing}; must be odd")
+        return self
+
+
+class GnuradioSection(_Strict):
+    """The GNU Radio channel-emulator process."""
+
+    noise_seed: int = Field(0, ge=0, le=2**31 - 1, description="channel_model noise seed")
+    fading_seed: int = Field(0, ge=0, le=2**31 - 1, description="fading_model seed")
+    python: str = Field("/usr/bin/python3", description="interpreter with GNU Radio")
+    startup_timeout_s: float = Field(60.0, gt=0, le=600)
+
+
+def parse_device_args(args: str) -> dict[str, str]:
+    """UHD device args ``"addr=192.168.10.11, type=usrp2"`` as a mapping.
+
+    Keys are lower-cased; surrounding spaces are dropped.
+
+    Raises
+    ------
+    ValueError
+        A comma-separated part that is not ``key=value``.
+    """
+    out: dict[str, str] = {}
+    for part in args.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"'{part.strip()}' is not key=value")
+        out[key.strip().lower()] = value.strip()
+    return out
+
+
+def same_usrp(a: str, b: str) -> bool:
+    """Whether two device args certainly name the same USRP.
+
+    True when they share a value of an identifying key (``addr``, ``serial``, ``name``,
+    ``resource``) or are equal once parsed; args that cannot be compared (``addr=`` vs
+    ``serial=``) are taken as different.
+    """
+    try:
+        da, db = parse_device_args(a), parse_device_args(b)
+    except ValueError:
+        return a.strip() == b.strip()
+    if da == db:
+        return True
+    return any(k in da and k in db and da[k] == db[k] for k in IDENTITY_KEYS)
+
+
+class DeviceRadioEntry(_Strict):
+    """One edge device's own transmitter (an entry of ``usrp.devices``)."""
+
+    device: int = Field(ge=0, le=MAX_DEVICE_ID, description="the edge's --device-id")
+    tx_args: str = Field(
+        min_length=1, max_length=512, description="UHD args of this device's USRP"
+    )
+    tx_gain_db: float = Field(ge=0, le=31.5, description="WBX TX gain (dB)")
+    tx_antenna: str = Field("TX/RX", min_length=1, max_length=64)
+    max_tx_power_w: float = Field(gt=0, le=0.1, description="this radio's maximum output (W)")
+    tx_power_ref_w: float | None = Field(
+        None, gt=0, le=100,
+        description="W radiated by a unit-power stream; null: the top-level tx_power_ref_w",
+    )
+
+    @field_validator("tx_args")
+    @classmethod
+    def _names_one_usrp(cls, v: str) -> str:
+        try:
+            parsed = parse_device_args(v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; allowed: UHD device args such as addr=192.168.10.11") \
+                from None
+        if not any(k in parsed for k in IDENTITY_KEYS):
+            raise ValueError(
+                "must name one USRP with one of "
+                f"{', '.join(k + '=' for k in IDENTITY_KEYS)} (e.g. addr=192.168.10.11); "
+                "args without one let UHD pick any device"
+            )
+        return v
+
+
+class UsrpSection(_Strict):
+    """The receiver, the single-process link's transmitter, and each device's transmitter."""
+
+    tx_args: str = Field("addr=192.168.10.2", description="UHD device args of the transmitter")
+    rx_args: str = Field("addr=192.168.10.3", description="UHD device args of the receiver")
+    tx_gain_db: float = Field(10.0, ge=0, le=31.5, description="WBX TX gain (dB)")
+    rx_gain_db: float = Field(15.0, ge=0, le=31.5, description="WBX RX gain (dB)")
+    tx_antenna: str = "TX/RX"
+    rx_antenna: str = "RX2"
+    max_tx_power_w: float = Field(0.1, gt=0, le=0.1, description="WBX maximum output (W)")
+    tx_amplitude: float = Field(
+        0.25, gt=0, le=1, description="DAC scale of a unit-power stream (peak headroom)"
+    )
+    clock_source: Literal["internal", "external", "mimo", "gpsdo"] = "internal"
+    time_source: Literal["internal", "external", "mimo", "gpsdo", "none"] = "internal"
+    burst_lead_s: float = Field(0.05, gt=0, le=10, description="tx_time ahead of now (s)")
+    capture_margin_s: float = Field(0.02, ge=0, le=10, description="RX capture margin (s)")
+    devices: list[DeviceRadioEntry] = Field(
+        default_factory=list, max_length=1024,
+        description="one transmitter per edge device (lab split); empty: usrp.tx_args",
+    )
+
+
+class HardwareConfig(_Strict):
+    """Link selection and the radio parameters every link shares."""
+
+    name: str = "sim"
+    link: Literal["symbol", "waveform", "gnuradio", "usrp"] = "symbol"
+    symbol_rate_hz: float = Field(
+        200e3, gt=0, le=1e9, description="analog symbol rate; t_cm = 1 / symbol_rate_hz (s)"
+    )
+    tx_power_ref_w: float = Field(
+        0.1, gt=0, le=100, description="radiated power (W) of a unit-average-power symbol stream"
+    )
+    coherence_symbols: int | None = Field(
+        None,
+        ge=1,
+        le=10**12,
+        description="block-fading length in symbols; null = one block per upload",
+    )
+    center_freq_hz: float = Field(915e6, gt=0, le=6e9, description="carrier frequency (Hz)")
+    fading: Literal["none", "rayleigh", "rician"] | None = Field(
+        None, description="fading the medium imposes (darkroom); null = the experiment's"
+    )
+    snr_sweep_db: list[float] | None = Field(
+        None, description="SNR points (dB) a sweep over this hardware visits"
+    )
+    waveform: WaveformSection = WaveformSection()
+    gnuradio: GnuradioSection = GnuradioSection()
+    usrp: UsrpSection = UsrpSection()
+
+    @field_validator("snr_sweep_db")
+    @classmethod
+    def _sweep_range(cls, v: list[float] | None) -> list[float] | None:
+        for x in v or []:
+            if not (math.isfinite(x) and -50.0 <= x <= 100.0):
+                raise ValueError(f"SNR {x} dB outside the allowed range [-50, 100] dB")
+        return v
+
+    @model_validator(mode="after")
+    def _power(self) -> HardwareConfig:
+        if self.link == "usrp" and self.tx_power_ref_w > self.usrp.max_tx_power_w:
+            raise ValueError(
+                f"tx_power_ref_w: got {self.tx_power_ref_w} W; the USRP allows at most "
+                f"usrp.max_tx_power_w = {self.usrp.max_tx_power_w} W"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _devices(self) -> HardwareConfig:
+        problems = device_entry_problems(self)
+        if problems:
+            raise ValueError("\nhardware config: ".join(problems))
+        return self
+
+    @property
+    def sample_rate_hz(self) -> float:
+        """Sample rate of the waveform links (Hz)."""
+        return self.symbol_rate_hz * self.waveform.samples_per_symbol
+
+
+def device_entry_problems(hw: HardwareConfig) -> list[str]:
+    """Cross-checks of ``usrp.devices``; one message per problem (empty: all fine).
+
+    Each device id and each USRP appears once, no device transmits with the aggregator's
+    receiver, and (on the ``usrp`` link) each device's reference power is within its
+    radio's maximum. Messages name the key path, the value and what is allowed.
+    """
+    problems: list[str] = []
+    entries = hw.usrp.devices
+    for i, e in enumerate(entries):
+        key = f"usrp.devices[{i}]"
+        for j, prev in enumerate(entries[:i]):
+            if e.device == prev.device:
+                problems.append(
+                    f"{key}.device: got {e.device}; already used by usrp.devices[{j}]; "
+                    "allowed: one entry per device id"
+                )
+            if same_usrp(e.tx_args, prev.tx_args):
+                problems.append(
+                    f"{key}.tx_args: got '{e.tx_args}', the same USRP as "
+                    f"usrp.devices[{j}].tx_args '{prev.tx_args}' (device {prev.device}); "
+                    "allowed: a USRP of its own per device (distinct addr= or serial=)"
+                )
+        if same_usrp(e.tx_args, hw.usrp.rx_args):
+            problems.append(
+                f"{key}.tx_args: got '{e.tx_args}', the aggregator's receiver "
+                f"(usrp.rx_args '{hw.usrp.rx_args}'); allowed: a USRP other than the receiver"
+            )
+        ref = e.tx_power_ref_w if e.tx_power_ref_w is not None else hw.tx_power_ref_w
+        if hw.link == "usrp" and ref > e.max_tx_power_w:
+            where = (f"{key}.tx_power_ref_w" if e.tx_power_ref_w is not None
+                     else f"tx_power_ref_w (top level, inherited by {key})")
+            problems.append(
+                f"{where}: got {ref} W; device {e.device}'s radio allows at most "
+                f"{key}.max_tx_power_w = {e.max_tx_power_w} W"
+            )
+    return problems
+
+
+def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
+    """The effective transmitter settings of ``device``.
+
+    With ``usrp.devices`` listed, the device's entry (its ``tx_power_ref_w`` defaults to
+    the top-level one); without, every device gets the ``usrp`` section's transmitter.
+
+    Raises
+    ------
+    ConfigError
+        ``device`` is negative, or ``usrp.devices`` is listed without an entry for it (the
+        message names the configured ids).
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ConfigError(f"device id: got {device!r}; allowed: an integer >= 0")
+    u = hw.usrp
+    shared: dict[str, Any] = {
+        "center_freq_hz": hw.center_freq_hz, "sample_rate_hz": hw.sample_rate_hz,
+        "symbol_rate_hz": hw.symbol_rate_hz, "tx_amplitude": u.tx_amplitude,
+        "clock_source": u.clock_source, "time_source": u.time_source,
+        "burst_lead_s": u.burst_lead_s, "python": hw.gnuradio.python,
+    }
+    if not u.devices:
+        return DeviceRadio(
+            device=device, key="usrp.tx_args", tx_args=u.tx_args, tx_gain_db=u.tx_gain_db,
+            tx_antenna=u.tx_antenna, max_tx_power_w=u.max_tx_power_w,
+            tx_power_ref_w=hw.tx_power_ref_w, **shared,
+        )
+    for i, e in enumerate(u.devices):
+        if e.device == device:
+            ref = e.tx_power_ref_w if e.tx_power_ref_w is not None else hw.tx_power_ref_w
+            return DeviceRadio(
+                device=device, key=f"usrp.devices[{i}]", tx_args=e.tx_args,
+                tx_gain_db=e.tx_gain_db, tx_antenna=e.tx_antenna,
+                max_tx_power_w=e.max_tx_power_w, tx_power_ref_w=ref, **shared,
+            )
+    ids = ", ".join(str(e.device) for e in u.devices)
+    raise ConfigError(
+        f"device {device}: hardware config '{hw.name}' has no usrp.devices entry for it "
+        f"(configured device ids: {ids}); add one with its own tx_args"
+    )
+
+
+def receiver_radio(hw: HardwareConfig) -> ReceiverRadio:
+    """The aggregator's receiver settings of a hardware config."""
+    u = hw.usrp
+    return ReceiverRadio(
+        rx_args=u.rx_args, rx_gain_db=u.rx_gain_db, rx_antenna=u.rx_antenna,
+        center_freq_hz=hw.center_freq_hz, sample_rate_hz=hw.sample_rate_hz,
+        clock_source=u.clock_source, time_source=u.time_source, python=hw.gnuradio.python,
+    )

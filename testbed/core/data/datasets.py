@@ -1,0 +1,138 @@
+"""Data sets as numpy arrays: Fashion-MNIST / MNIST (IDX) and CIFAR-10 (python batches).
+
+Nothing is downloaded: files are read from a directory the user provides (Fashion-MNIST
+defaults to Debian's ``dataset-fashion-mnist`` at ``/usr/share/datasets/fashion-mnist``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from testbed.core.data.cifar import TEST_BATCH, TRAIN_BATCHES, read_cifar10
+from testbed.core.data.idx import read_idx
+
+#: IDX file stems; each may appear as ``stem``, ``stem.gz`` or with ``-idx`` written ``.idx``.
+IDX_STEMS = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+#: Per-channel normalisation (mean, std) of each data set's training images in [0, 1].
+NORMALISATION = {
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """The data set's files are not where the config says; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A normalised image classification data set.
+
+    Attributes
+    ----------
+    x_train, x_test
+        ``float32``, shape ``(n, channels, height, width)``, normalised per channel.
+    y_train, y_test
+        ``int64``, shape ``(n,)``.
+    n_classes
+        Number of labels (10 for all shipped data sets).
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    n_classes: int = 10
+
+
+def _idx_candidates(directory: Path, stem: str) -> list[Path]:
+    dotted = stem.replace("-idx", ".idx")
+    return [directory / name for s in (stem, dotted) for name in (s, f"{s}.gz")]
+
+
+def _find_idx(directory: Path, stem: str, dataset: str) -> Path:
+    for candidate in _idx_candidates(directory, stem):
+        if candidate.is_file():
+            return candidate
+    hint = (
+        "install Debian's package 'dataset-fashion-mnist' (make run does) or set data_dir"
+        if dataset == "fashion-mnist"
+        else "download the IDX files yourself and point data_dir at their folder"
+    )
+    raise DatasetNotFoundError(
+        f"{dataset}: no '{stem}' (or .gz) in '{directory}'. Looked for: "
+        + ", ".join(str(c) for c in _idx_candidates(directory, stem))
+        + f". To provide it: {hint}."
+    )
+
+
+def _normalise(images: np.ndarray, dataset: str) -> np.ndarray:
+    mean, std = NORMALISATION[dataset]
+    x = images.astype(np.float32) / 255.0
+    m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
+    return (x - m) / s
+
+
+def load_dataset(name: str, data_dir: str | Path | None) -> Dataset:
+    """Load ``fashion-mnist``, ``mnist`` or ``cifar10`` from ``data_dir``.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        When the directory or a file is missing, naming every path tried and how to
+        provide the data.
+    """
+    if name not in NORMALISATION:
+        raise ValueError(f"dataset: got {name!r}; allowed: {sorted(NORMALISATION)}")
+    if data_dir is None:
+        raise DatasetNotFoundError(
+            f"{name}: no data_dir given and there is no default location for it; "
+            f"set data_dir to the folder holding its files (--set data_dir=/path)"
+        )
+    directory = Path(data_dir).expanduser()
+    if not directory.is_dir():
+        raise DatasetNotFoundError(
+            f"{name}: data_dir '{directory}' is not a directory. "
+            + (
+                "Install Debian's 'dataset-fashion-mnist' (make run does) or set data_dir."
+                if name == "fashion-mnist"
+                else "Set data_dir to the folder holding the files."
+            )
+        )
+    if name == "cifar10":
+        folder = directory / "cifar-10-batches-py"
+        folder = folder if folder.is_dir() else directory
+        missing = [n for n in (*TRAIN_BATCHES, TEST_BATCH) if not (folder / n).is_file()]
+        if missing:
+            raise DatasetNotFoundError(
+                f"cifar10: missing {missing} in '{folder}'. Provide the CIFAR-10 python "
+                "batches (cifar-10-batches-py: data_batch_1..5, test_batch) and set data_dir."
+            )
+        x_train, y_train, x_test, y_test = read_cifar10(folder)
+    else:
+        arrays = {k: read_idx(_find_idx(directory, s, name)) for k, s in IDX_STEMS.items()}
+        x_train = arrays["x_train"][:, None, :, :]
+        x_test = arrays["x_test"][:, None, :, :]
+        y_train = arrays["y_train"].astype(np.int64)
+        y_test = arrays["y_test"].astype(np.int64)
+        if x_train.shape[0] != y_train.shape[0] or x_test.shape[0] != y_test.shape[0]:
+            raise ValueError(f"{name}: image and label counts differ in '{directory}'")
+    return Dataset(
+        name=name,
+        x_train=_normalise(x_train, name),
+        y_train=y_train,
+        x_test=_normalise(x_test, name),
+        y_test=y_test,
+    )

@@ -1,0 +1,193 @@
+"""Build the link an experiment asks for (the experiment's ``link`` or the hw config's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from radio.framing import WaveformParams
+from radio.link import Link
+from radio.symbol_link import ChannelParams, SymbolLink
+from radio.waveform_channel import EmulatorParams
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.loader import ConfigError
+
+#: Links that carry I/Q samples and can therefore record them (``record: true``).
+RECORDING_LINKS: tuple[str, ...] = ("waveform", "gnuradio", "usrp")
+
+
+def channel_params(exp: ExperimentConfig, hw: HardwareConfig) -> ChannelParams:
+    """The simulated-channel description of an experiment on a hardware config.
+
+    The hardware config's ``fading`` (a medium that imposes fading, e.g. the darkroom's
+    emulator) takes precedence over the experiment's.
+    """
+    return ChannelParams(
+        snr_db=tuple(exp.snr_db_per_device()),
+        fading=hw.fading or exp.fading,
+        rician_k_db=exp.rician_k_db,
+        coherence_symbols=hw.coherence_symbols,
+        symbol_rate_hz=hw.symbol_rate_hz,
+        noiseless=exp.noiseless,
+    )
+
+
+def waveform_params(hw: HardwareConfig) -> WaveformParams:
+    """Frame numerology of a hardware config."""
+    w = hw.waveform
+    return WaveformParams(
+        symbol_rate_hz=hw.symbol_rate_hz,
+        samples_per_symbol=w.samples_per_symbol,
+        rolloff=w.rolloff,
+        span_symbols=w.span_symbols,
+        zc_length=w.zc_length,
+        preamble_repeats=w.preamble_repeats,
+        pilot_spacing=w.pilot_spacing,
+        pilots_per_block=w.pilots_per_block,
+        pilot_smoothing=w.pilot_smoothing,
+        guard_symbols=w.guard_symbols,
+        distortion_floor_db=w.distortion_floor_db,
+    )
+
+
+def emulator_params(hw: HardwareConfig) -> EmulatorParams:
+    """Impairments the emulated links apply (fading kind comes from the channel params)."""
+    w = hw.waveform
+    return EmulatorParams(
+        speed_kmh=w.speed_kmh,
+        carrier_hz=hw.center_freq_hz,
+        cfo_hz=w.cfo_hz,
+        cfo_spread_hz=w.cfo_spread_hz,
+        delay_max_samples=w.delay_max_samples,
+        sro_ppm=w.sro_ppm,
+        tail_samples=w.tail_samples,
+    )
+
+
+def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:
+    """The link in force: the experiment's ``link`` key, else the hardware config's."""
+    return exp.link or hw.link
+
+
+def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool) -> None:
+    """Refuse link settings that cannot work, before anything is started.
+
+    Raises
+    ------
+    ConfigError
+        ``record`` asked of a link that carries no I/Q samples (``symbol``).
+    """
+    name = link_name(exp, hw)
+    if record and name not in RECORDING_LINKS:
+        raise ConfigError(
+            f"config key 'record': got true, but link '{name}' carries symbols, not I/Q "
+            "samples, so there is nothing to record; allowed only with links "
+            f"{', '.join(repr(n) for n in RECORDING_LINKS)} (e.g. --set link=waveform)"
+        )
+
+
+def make_link(
+    exp: ExperimentConfig,
+    hw: HardwareConfig,
+    record_dir: Path | None = None,
+    *,
+    log_dir: Path | None = None,
+) -> Link:
+    """Construct (and for process-backed links, start) the experiment's link.
+
+    Parameters
+    ----------
+    record_dir
+        When given (``record: true``), links that handle I/Q store each received upload
+        there as SigMF and log per-frame estimates to ``frames.jsonl``.
+    log_dir
+        Folder for the logs of the link's flowgraph processes (``channel_emulator.log``,
+        ``tx.log``, ``rx.log``; kept, e.g. the run directory). ``None``: anonymous
+        temporary files that are gone once the link is closed. Ignored by in-process links.
+
+    The simulated links (``symbol``, ``waveform``) draw their additive noise from the OS
+    CSPRNG when the run credits channel noise, else from the seeded channel generator
+    (:func:`testbed.core.channel_credit.noise_source`); the link's ``noise_is_secret`` is checked
+    against :func:`testbed.core.channel_credit.link_noise`, which the credit rule reads.
+
+    Raises
+    ------
+    ConfigError
+        ``record`` asked of a link that carries no I/Q (``symbol``).
+    radio.link.LinkFailed
+        The link could not be started (flowgraph start-up failed, no USRP found); the
+        message says why. Nothing the attempt started is left running.
+    """
+    from testbed.core.channel_credit import link_noise
+
+    link = _build_link(exp, hw, record_dir, log_dir)
+    expected = link_noise(exp, hw).secret
+    if link.noise_is_secret != expected:
+        link.close()
+        raise RuntimeError(
+            f"link '{link.name}': noise_is_secret is {link.noise_is_secret}, the credit rule "
+            f"assumed {expected} (testbed.core.channel_credit.link_noise)"
+        )
+    return link
+
+
+def _build_link(
+    exp: ExperimentConfig, hw: HardwareConfig, record_dir: Path | None, log_dir: Path | None
+) -> Link:
+    """The link of :func:`make_link`, before its noise is checked."""
+    from testbed.core.channel_credit import noise_source
+
+    name = link_name(exp, hw)
+    check_link_config(exp, hw, record=record_dir is not None or exp.record)
+    if name == "symbol":
+        return SymbolLink(channel_params(exp, hw), noise_source(exp))
+    confidence = exp.n0_confidence()
+    if name == "waveform":
+        from radio.waveform_link import WaveformLink
+
+        return WaveformLink(
+            channel_params(exp, hw), waveform_params(hw), emulator_params(hw),
+            confidence=confidence, record_dir=record_dir, center_freq_hz=hw.center_freq_hz,
+            hw_name=hw.name, noise=noise_source(exp),
+        )
+    if name == "gnuradio":
+        from radio.gnuradio_link import GnuradioLink
+
+        g = hw.gnuradio
+        return GnuradioLink(
+            channel_params(exp, hw),
+            waveform_params(hw),
+            emulator_params(hw),
+            noise_seed=g.noise_seed,
+            fading_seed=g.fading_seed,
+            python=g.python,
+            startup_timeout_s=g.startup_timeout_s,
+            log_dir=log_dir,
+            confidence=confidence, record_dir=record_dir, center_freq_hz=hw.center_freq_hz,
+            hw_name=hw.name,
+        )
+    if name == "usrp":
+        from radio.usrp_link import UsrpLink, UsrpSettings
+
+        u = hw.usrp
+        settings = UsrpSettings(
+            tx_args=u.tx_args,
+            rx_args=u.rx_args,
+            center_freq_hz=hw.center_freq_hz,
+            sample_rate_hz=hw.sample_rate_hz,
+            tx_gain_db=u.tx_gain_db,
+            rx_gain_db=u.rx_gain_db,
+            tx_antenna=u.tx_antenna,
+            rx_antenna=u.rx_antenna,
+            tx_amplitude=u.tx_amplitude,
+            clock_source=u.clock_source,
+            time_source=u.time_source,
+            burst_lead_s=u.burst_lead_s,
+            capture_margin_s=u.capture_margin_s,
+            python=hw.gnuradio.python,
+        )
+        return UsrpLink(
+            waveform_params(hw), settings, log_dir=log_dir, confidence=confidence,
+            record_dir=record_dir, center_freq_hz=hw.center_freq_hz, hw_name=hw.name,
+        )
+    raise ValueError(f"link: got {name!r}; allowed: 'symbol', 'waveform', 'gnuradio', 'usrp'")

@@ -1,0 +1,277 @@
+"""The aggregator's privacy book: durable ledger, both accountings, and the budget gate.
+
+One :class:`PrivacyBook` per run. Every upload is appended (fsynced) to ``ledger.jsonl``
+before its values are used, and composed in the ``paper`` and ``strict`` accountants; the
+accounting named by ``enforce`` gates uploads against the epsilon target. On resume the
+book is rebuilt from the ledger, never from zero.
+
+Write-ahead: just before a device transmits, :meth:`PrivacyBook.begin` fsyncs the *gated*
+event (the one the budget check used: the exact state on simulated links, no channel credit
+otherwise) to ``ledger.intents.jsonl`` under a fresh random nonce, and returns the nonce.
+After reception :meth:`PrivacyBook.commit` appends the event with the channel state the
+receiver credits, carrying the same nonce. If the process dies in between, the next
+:class:`PrivacyBook` on the same run finds the intent whose nonce has no ledger record and
+appends the gated event under that nonce, so an upload that may have gone on air is never
+left uncounted, and one that was recorded is never recorded twice (matching by nonce, not by
+device and round: a round re-run after a crash is a new transmission with a new nonce).
+
+One writer: :meth:`PrivacyBook.begin` first checks that the ledger still ends with the line
+this book last read or wrote (:meth:`~testbed.core.privacy.ledger.Ledger.check_tail`); a line
+written by another process (a second run on the same directory) raises
+:class:`~testbed.core.privacy.ledger.LedgerError` before the intent is journalled, so this
+process stops before transmitting. :meth:`PrivacyBook.commit` records an upload that
+already went on air even then (after the other writer's lines, unless one of them already
+carries its nonce) and then raises. The ledger's header pins the book's values (and the
+run's configuration, given as ``header``); see :mod:`testbed.core.privacy.ledger` for the
+hash chain that makes edited, reordered or deleted lines detectable.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import warnings
+from pathlib import Path
+from typing import Any
+
+from testbed.core.privacy import (
+    MODES,
+    BudgetGuard,
+    Ledger,
+    LedgerError,
+    PrivacyAccountant,
+    UploadEvent,
+)
+from testbed.core.privacy.events import EventError
+from testbed.core.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
+from testbed.core.privacy.ledger_parse import gc_paused
+from testbed.core.privacy.record_accountant import RECORD_ACCOUNTANTS, RecordAccountant
+from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
+from testbed.core.rundir import append_jsonl, atomic_write_bytes, read_jsonl
+
+#: Accountings kept side by side, per privacy unit; the first is the default enforced one.
+ACCOUNTINGS = {"device": MODES, "record": RECORD_ACCOUNTANTS}
+#: Event types each unit records (the record unit: subsampled Gaussian or full-batch Laplace).
+EVENT_CLASSES: dict[str, tuple[type, ...]] = {
+    "device": (UploadEvent,),
+    "record": (RecordEvent, LaplaceRecordEvent),
+}
+
+
+def make_accountants(unit: str, delta: float, relation: str = "add-remove") -> dict[str, Any]:
+    """The accountants a book keeps side by side for ``unit``, by accounting name.
+
+    ``"device"``: :class:`PrivacyAccountant` ``paper`` and ``strict``; ``"record"``:
+    :class:`RecordAccountant` ``rdp`` and ``pld`` under ``relation``.
+    """
+    if unit not in ACCOUNTINGS:
+        raise ValueError(f"unit: got {unit!r}; allowed {tuple(ACCOUNTINGS)}")
+    if unit == "device":
+        return {name: PrivacyAccountant(mode=name, delta=delta) for name in ACCOUNTINGS[unit]}
+    return {name: RecordAccountant(name, delta, relation=relation) for name in ACCOUNTINGS[unit]}
+
+
+class PrivacyBook:
+    """Ledger plus one accountant per accounting plus a guard on the enforced one.
+
+    Parameters
+    ----------
+    ledger_path
+        ``ledger.jsonl`` of the run (created if absent, replayed if present).
+    delta
+        Target delta.
+    enforce
+        The accounting whose epsilon may not pass ``target``: ``paper`` or ``strict`` for
+        the device unit (:class:`UploadEvent`), ``rdp`` or ``pld`` for the record unit
+        (:class:`RecordEvent`, composed with dp-accounting).
+    target
+        Per-device epsilon target.
+    unit
+        ``"device"`` or ``"record"``.
+    relation
+        Record unit only: ``"add-remove"`` or ``"replace-one"``.
+    header
+        Extra values pinned in the ledger's header (with the unit, ``delta``, ``enforce``
+        and ``target``); reopening a ledger written for other values is refused.
+    """
+
+    def __init__(
+        self,
+        ledger_path: Path,
+        *,
+        delta: float,
+        enforce: str,
+        target: float,
+        unit: str = "device",
+        relation: str = "add-remove",
+        header: dict[str, Any] | None = None,
+    ) -> None:
+        if unit not in ACCOUNTINGS:
+            raise ValueError(f"unit: got {unit!r}; allowed {tuple(ACCOUNTINGS)}")
+        if enforce not in ACCOUNTINGS[unit]:
+            raise ValueError(f"enforce: got {enforce!r}; allowed {ACCOUNTINGS[unit]} ({unit} unit)")
+        self.unit = unit
+        self.event_class = EVENT_CLASSES[unit]
+        pinned: dict[str, Any] = {"delta": delta, "accounting": enforce, "epsilon_target": target}
+        if unit == "record":
+            pinned |= {"unit": unit, "relation": relation}
+        self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
+        self.intents_path = intents_path(ledger_path)
+        # One read of the ledger: Ledger.open has checked every line; recovery appends.
+        entries = self.ledger.take_loaded()
+        entries += self._recover_intents({entry.nonce for entry in entries})
+        self._nonces = {e.nonce for e in entries if e.nonce is not None}
+        self.accountants: dict[str, Any] = make_accountants(unit, delta, relation)
+        event_class = self.event_class
+        compose = [acc.add for acc in self.accountants.values()]
+        with gc_paused():
+            for entry in entries:
+                event = entry.event
+                if not isinstance(event, event_class):
+                    names = " or ".join(c.__name__ for c in event_class)
+                    raise LedgerError(
+                        f"{ledger_path}: holds a {type(event).__name__}, but this run "
+                        f"accounts at the {unit} level ({names})"
+                    )
+                for add in compose:
+                    add(event)
+        del entries
+        self.enforce = enforce
+        self.delta = delta
+        self.guard = BudgetGuard(self.accountants[enforce], target)
+
+    def _compose(self, event: Any) -> None:
+        for acc in self.accountants.values():
+            acc.add(event)
+
+    def allows(self, event: Any) -> bool:
+        """Whether recording ``event`` keeps its device within the target."""
+        return self.guard.allows(event.device, event)
+
+    def _recover_intents(self, recorded: set[str | None]) -> list[LedgerEntry]:
+        """Record every intent whose nonce is not among ``recorded`` (the ledger's nonces):
+        it may have gone on air. Returns the entries appended, in order."""
+        recorded = set(recorded)
+        self.recovered: list[Any] = []
+        appended: list[LedgerEntry] = []
+        lines = read_jsonl(self.intents_path)
+        cancelled = {
+            d.get("nonce") for d in lines if isinstance(d, dict) and d.get("cancelled") is True
+        }
+        for number, data in enumerate(lines, start=1):
+            if isinstance(data, dict) and data.get("cancelled") is True:
+                continue
+            nonce = data.get("nonce") if isinstance(data, dict) else None
+            if nonce in cancelled:
+                continue  # it never went on air (the device said so before it could)
+            if not isinstance(nonce, str) or not isinstance(data.get("event"), dict):
+                raise EventError(
+                    f"{self.intents_path}: line {number} is not an intent (nonce + event)"
+                )
+            if nonce in recorded:
+                continue
+            event = EVENT_TYPES[data["event"].get("type")].from_dict(data["event"])
+            warnings.warn(
+                f"ledger: device {event.device} round {event.round} was about to transmit "
+                "when the run stopped; recording it with its gated (conservative) values",
+                stacklevel=2,
+            )
+            self.ledger.append(event, nonce, adopt=True)
+            recorded.add(nonce)
+            self.recovered.append(event)
+            appended.append(LedgerEntry(event, nonce))
+        if self.intents_path.exists():
+            # Every intent now has its record: start the journal afresh (atomic).
+            atomic_write_bytes(self.intents_path, b"")
+        return appended
+
+    def begin(self, event: Any, nonce: str | None = None) -> str:
+        """Durably note that ``event``'s device is about to transmit (before the air).
+
+        ``nonce``: the transmission's id when a peer chose it (a lab aggregator authorizes
+        each upload under a fresh nonce, and the edge journals it under the same one); by
+        default a fresh random one. Returns the nonce that :meth:`commit` must be given.
+
+        Raises
+        ------
+        LedgerError
+            The nonce is recorded already, or another process has written to the ledger
+            since this book last read or wrote it (then nothing is journalled: stop, do not
+            transmit).
+        """
+        nonce = secrets.token_hex(16) if nonce is None else nonce
+        if nonce in self._nonces:
+            raise LedgerError(f"nonce {nonce} is already in the ledger (a replay)")
+        self.ledger.check_tail()
+        append_jsonl(self.intents_path, {"nonce": nonce, "event": event.to_dict()})
+        return nonce
+
+    def cancel(self, nonce: str) -> None:
+        """Durably withdraw an intent whose upload never went on air (the device refused
+        before transmitting). Only for an intent that has no ledger record."""
+        if nonce in self._nonces:
+            raise LedgerError(f"nonce {nonce} is recorded; a recorded upload is never withdrawn")
+        append_jsonl(self.intents_path, {"nonce": nonce, "cancelled": True})
+
+    def nonces(self) -> set[str]:
+        """Nonces of every recorded upload."""
+        return set(self._nonces)
+
+    def entries_by_nonce(self) -> dict[str, Any]:
+        """Every recorded event by its nonce."""
+        return {e.nonce: e.event for e in self.ledger.entries() if e.nonce is not None}
+
+    def entries(self, device: int) -> list[tuple[str | None, Any]]:
+        """``(nonce, event)`` of every recorded upload of ``device``, in ledger order."""
+        return [(e.nonce, e.event) for e in self.ledger.entries() if e.event.device == device]
+
+    def commit(self, event: Any, nonce: str) -> None:
+        """Record the upload with the credited channel state (after reception): append it
+        durably under the transmission's ``nonce``, then compose it in every accountant.
+
+        Raises
+        ------
+        LedgerError
+            Another process has written to the ledger since this book last did: the upload
+            is recorded after its lines all the same (it went on air), then this is raised
+            so that the run stops.
+        """
+        self.ledger.append(event, nonce, adopt=True)
+        self._nonces.add(nonce)
+        self._compose(event)
+
+    def epsilon(self, device: int) -> dict[str, Any]:
+        """The device's current epsilon in each accounting (results with ``.epsilon``)."""
+        return {m: acc.epsilon(device) for m, acc in self.accountants.items()}
+
+    def enforced_epsilon(self, device: int) -> float:
+        """The device's epsilon in the enforced accounting."""
+        return float(self.accountants[self.enforce].epsilon(device).epsilon)
+
+    def report(self, device: int) -> dict[str, Any]:
+        """The device's privacy figures for the summary, each with its unit and meaning.
+
+        Device unit: ``epsilon_paper``, ``epsilon_strict``. Record unit: ``epsilon_rdp``,
+        ``epsilon_pld``, ``epsilon_no_channel`` (the enforced accountant with no channel
+        credit, as an eavesdropper with a better channel would see it) and
+        ``epsilon_device_level`` (the same run with a device's whole data set as the unit).
+        Both: ``epsilon`` (enforced), ``delta_total`` (delta plus the failure probability
+        of every confidence bound credited).
+        """
+        out: dict[str, Any] = {f"epsilon_{m}": r.epsilon for m, r in self.epsilon(device).items()}
+        out["epsilon"] = self.enforced_epsilon(device)
+        out["unit"] = self.unit
+        out["accountant"] = self.enforce
+        if self.unit == "record":
+            acc = self.accountants[self.enforce]
+            out["epsilon_no_channel"] = acc.epsilon_without_channel(device).epsilon
+            out["epsilon_device_level"] = acc.device_epsilon(device)
+        history = self.accountants[self.enforce].history(device)
+        failure = math.fsum(getattr(e, "bound_failure_prob", 0.0) for e in history)
+        out["delta"] = self.delta
+        out["delta_total"] = self.delta + failure
+        out["uploads"] = len(history)
+        return out
+
+    def close(self) -> None:
+        self.ledger.close()

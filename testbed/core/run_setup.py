@@ -1,0 +1,94 @@
+"""What both ends of a run compute alike from its config: the data set and its split across
+devices, the seeded initial model, and every device's uplink and record-level settings (the
+aggregator and every edge agent resolve the same values, so nothing of them travels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from testbed.core.channel_credit import credited_config
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.data.datasets import Dataset, load_dataset
+from testbed.core.data.partition import iid_partition, noniid_partition
+from testbed.core.models import build_model
+from testbed.core.record_schemes import RecordSettings, resolve_record_uplinks
+from testbed.core.schemes import DeviceUplink, resolve_uplinks
+from testbed.core.seeding import Stream, experiment_generator
+
+
+def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
+    """Load the data set (capped as configured) and split it across devices."""
+    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
+    split_rng = experiment_generator(cfg.seed, Stream.DATA_SPLIT)
+    x_train, y_train = data.x_train, data.y_train
+    if cfg.train_samples is not None and cfg.train_samples < len(y_train):
+        keep = np.sort(split_rng.choice(len(y_train), cfg.train_samples, replace=False))
+        x_train, y_train = x_train[keep], y_train[keep]
+    x_test, y_test = data.x_test, data.y_test
+    if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
+        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
+    data = Dataset(data.name, x_train, y_train, x_test, y_test, data.n_classes)
+    if len(y_train) < cfg.devices:
+        raise ValueError(f"devices: {cfg.devices} devices but only {len(y_train)} samples")
+    if cfg.partition == "iid":
+        parts = iid_partition(len(y_train), cfg.devices, split_rng)
+    else:
+        parts = noniid_partition(
+            y_train,
+            cfg.devices,
+            split_rng,
+            dominant_fraction=cfg.dominant_fraction,
+            n_classes=data.n_classes,
+        )
+    return data, parts
+
+
+def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
+    """The test set only (capped as configured): what an aggregator evaluates on."""
+    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
+    x_test, y_test = data.x_test, data.y_test
+    if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
+        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
+    empty_x = np.zeros((0, *x_test.shape[1:]), dtype=x_test.dtype)
+    return Dataset(data.name, empty_x, np.zeros(0, np.int64), x_test, y_test, data.n_classes)
+
+
+def initial_model(cfg: ExperimentConfig, input_shape: tuple[int, ...]) -> torch.nn.Module:
+    """The run's model at its seeded initial weights (the same on the aggregator and on
+    every edge); ``input_shape``: one sample's shape, e.g. ``(1, 28, 28)``."""
+    init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
+    shape = tuple(int(x) for x in input_shape)
+    return build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
+
+
+def device_settings(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+) -> tuple[list[DeviceUplink], list[RecordSettings | None]]:
+    """Every device's uplink and (record unit) record-level settings; the same on the
+    aggregator and on every edge agent.
+
+    Without a plan, a device's settings depend on the device only through its SNR and its
+    number of samples, so they are resolved (and validated, before any work) once per
+    distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
+    one calibration, not 10,000. A plan lists every device and is read as it is.
+    """
+    cfg = credited_config(cfg, hw)  # seeded channel noise is never credited
+    unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
+    n = len(dataset_sizes)
+    snrs = cfg.snr_db_per_device()
+    keys = [(float(snrs[i]), int(dataset_sizes[i])) for i in range(n)]
+    first: dict[tuple[float, int], int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    chosen = list(first.values()) if cfg.plan is None else list(range(n))
+    pairs: list[tuple[DeviceUplink, RecordSettings | None]]
+    if unit == "record":
+        pairs = list(resolve_record_uplinks(cfg, hw, d, dataset_sizes, devices=chosen))
+    else:
+        pairs = [(up, None) for up in resolve_uplinks(cfg, hw, d, devices=chosen)]
+    if cfg.plan is not None:
+        return [up for up, _ in pairs], [rs for _, rs in pairs]
+    by_key = {keys[i]: pair for i, pair in zip(chosen, pairs, strict=True)}
+    return [by_key[k][0] for k in keys], [by_key[k][1] for k in keys]

@@ -1,7 +1,7 @@
 """Energy each run spent to reach a target training loss (003 Fig. 3), from run directories.
 
 Reads ``metrics.jsonl`` and ``summary.json`` of each run and applies the runner's own
-definition (:func:`testbed.runner.loss_target_energy`: the first round whose training loss,
+definition (:func:`aggregator.summary.loss_target_energy`: the first round whose training loss,
 averaged over the last ``--window`` rounds, is at or below the target; energy = computing
 plus radio of every device up to and including that round). The first run is the baseline;
 the ratio column is baseline energy / run energy (> 1: the run needed less).
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.runner import loss_target_energy
+from aggregator.summary import loss_target_energy
 
 
 def run_row(run: Path, targets: list[float], window: int, part: str = "total") -> dict[str, Any]:

@@ -27,13 +27,10 @@ from edge_device.uplink import EncodedUpload, UplinkEncoder, UplinkSettings
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.models import n_params
 from testbed.core.record_schemes import RecordSettings
+from testbed.core.run_errors import TrainingDiverged
 from testbed.core.schemes import DeviceUplink
 from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.stage_timer import StageTimer
-
-
-class TrainingDiverged(RuntimeError):
-    """Local training produced non-finite weights (the run ends with status 'diverged')."""
 
 
 @dataclass(frozen=True)

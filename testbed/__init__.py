@@ -1,3 +1,7 @@
-"""Orchestration and shared core of the DP-FL radio testbed."""
+"""Orchestration (CLI, in-process runner, launch, sweeps, reports) and the shared core of
+the DP-FL radio testbed; the aggregator and the edge agent live in ``aggregator/`` and
+``edge_device/`` (docs/architecture.md)."""
 
-__version__ = "0.1.0"
+from testbed.core.version import __version__
+
+__all__ = ["__version__"]

@@ -47,18 +47,18 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
+def module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
+def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """``(line, dotted module)`` of every import in the file, relative ones resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    here = module_name(path).split(".")
+    here = module_name(path, root).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -83,9 +83,9 @@ def violations(root: Path = ROOT) -> list[str]:
     bad = []
     for pkg in OURS:
         for path in sorted((root / pkg).rglob("*.py")):
-            src = room(module_name(path))
+            src = room(module_name(path, root))
             assert src is not None
-            for line, mod in imported_modules(path):
+            for line, mod in imported_modules(path, root):
                 dst = room(mod)
                 if dst is not None and dst not in ALLOWED[src]:
                     bad.append(f"{path.relative_to(root)}:{line}: {src} imports {mod} ({dst})")

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.lab.server import ControlPlane, LabAggregator, Peer, serve
+from aggregator.lab.control_plane import ControlPlane, Peer
+from aggregator.lab.remote_devices import RemoteDevices
+from aggregator.lab.server import lab_loop, serve
 from aggregator.lab.usrp_split import (
     INITIAL_TIMING_UNCERTAINTY_S,
     MAX_GUARD_UNCERTAINTY_S,
@@ -29,6 +31,7 @@ from aggregator.lab.usrp_split import (
     round_guard_s,
     round_slots,
 )
+from aggregator.settle import settle
 from edge_device.lab.agent import EdgeAgent, EdgeError
 from radio.analog import n_symbols_for, reals_to_symbols
 from radio.edge_radio import MIN_LEAD_S, EdgeTransmitter
@@ -52,9 +55,9 @@ from testbed.core.protocol import (
     decode,
     encode,
 )
+from testbed.core.run_metadata import write_metadata
 from testbed.core.rundir import RunDir
 from testbed.core.stage_timer import StageTimer
-from testbed.runner import _write_metadata
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,
@@ -618,33 +621,45 @@ def test_aggregator_settles_on_air_uploads_with_the_captured_reception(tmp_path:
     agg = _Clock(1.7e9)
     air = _Air(wf.sample_rate_hz, seed=3)
     rundir = RunDir.create(tmp_path / "run")
-    _write_metadata(rundir, cfg, hw)
+    write_metadata(rundir, cfg, hw)
     server = _Server()
     plane = ControlPlane(server, 2, {}, 0, clock=agg)  # type: ignore[arg-type]
     for i in range(2):
         plane.peers[i] = Peer(i, b"id%d" % i, "x", dataset_size=2000, ready=True)
-    exp = LabAggregator(
+    loop = lab_loop(
         cfg,
         hw,
         rundir,
         plane,
+        first_round=0,
         round_timeout_s=5.0,
         train_allowance_s=2.0,
         receiver_factory=_receiver_factory(air, agg),
     )
-    link = exp._open_link(None)
+    state, remote = loop.state, loop.devices
+    assert isinstance(remote, RemoteDevices)
+    link = remote.open_link(None)
+    assert remote.capture is not None
+    capture = remote.capture
     assert (
-        exp._split is link
+        capture.link is link
         and link.probe(device=0, round_index=0, n_symbols=5, rng=np.random.default_rng()) is None
     )
-    slots = exp._schedule(0, [0, 1])
+    slots = capture.schedule(0, [0, 1])
     guard = 2 * INITIAL_TIMING_UNCERTAINTY_S + BURST_START_JITTER_S
     assert slots[0].guard_s == pytest.approx(guard)
     assert slots[0].start_s == pytest.approx(agg() + 2.0 + guard)
-    gated, rngs = exp._gate(0, link, set())
-    assert all(g is not None and g.n0 == 0.0 for g in gated)  # no credit before reception
-    assert exp.book is not None
-    nonces = [exp.book.begin(g) for g in gated]
+    gated, rngs = loop.gate_devices(0, link, [0, 1])
+    assert all(g is not None and g.n0 == 0.0 for g in gated.values())  # no credit yet
+    book = state.book
+    assert book is not None
+    nonces = [book.begin(gated[i]) for i in range(2)]
+
+    def settle_answer(t: int, i: int, msg: Message | None, received: Any) -> Any:
+        answer = remote.check_answer(t, i, msg, received)
+        return settle(state, remote, t, i, nonces[i], gated[i], answer, link, rngs[i],
+                      StageTimer())
+
     # each edge: its own clock (2 s and 5 s behind), its offset known to 1 ms
     rng = np.random.default_rng(0)
     sent: dict[int, tuple[np.ndarray, UploadHeader, Any]] = {}
@@ -657,17 +672,16 @@ def test_aggregator_settles_on_air_uploads_with_the_captured_reception(tmp_path:
             offset=OffsetEstimate(behind, 1e-3, 2e-3),
             stream=_AirTx(air, clock, usrp_minus_host=-1.7e9 + 10.0 * i),
         )
-        alpha = float(exp.uplinks[i].alpha or 1.0)
-        values = rng.normal(0.0, 0.9 / (alpha * np.sqrt(2)), exp.d)  # 0.81 symbol power
+        alpha = float(state.uplinks[i].alpha or 1.0)
+        values = rng.normal(0.0, 0.9 / (alpha * np.sqrt(2)), state.d)  # 0.81 symbol power
         symbols = alpha * reals_to_symbols(values)
-        header = UploadHeader(device=i, round_index=0, d=exp.d, n_values=exp.d, alpha=alpha)
+        header = UploadHeader(device=i, round_index=0, d=state.d, n_values=state.d, alpha=alpha)
         report = tx.transmit(modulate(wf, symbols)[0], slots[i].start_s)
         sent[i] = (values, header, report)
         energy[i] = float(np.sum(np.abs(symbols) ** 2))
     agg.advance(3.0)  # the schedule is over
-    n_payload = {i: n_symbols_for(exp.uplinks[i].l) for i in range(2)}
-    assert exp._split is not None
-    got = exp._split.receive(list(slots.values()), n_payload, round_index=0)
+    n_payload = {i: n_symbols_for(state.uplinks[i].l) for i in range(2)}
+    got = capture.link.receive(list(slots.values()), n_payload, round_index=0)
     assert all(isinstance(r, Reception) for r in got.values())
 
     def upload(i: int, t: int, **over: Any) -> Message:
@@ -696,56 +710,34 @@ def test_aggregator_settles_on_air_uploads_with_the_captured_reception(tmp_path:
         )
 
     # device 0 uploaded and its frame was found: credited with the estimated N0
-    info, vec = exp._settle(
-        0, 0, nonces[0], gated[0], upload(0, 0), link, rngs[0], StageTimer(), got[0]
-    )
+    info, vec = settle_answer(0, 0, upload(0, 0), got[0])
     rec0 = got[0]
     assert isinstance(rec0, Reception) and vec is not None
     assert info["transmitted"] is True and not info.get("lost")
     assert np.corrcoef(vec, sent[0][0])[0, 1] > 0.95
     report0 = sent[0][2]
     assert info["energy_comm_j"] == pytest.approx(report0.tx_power_w * report0.airtime_s)
-    assert exp.timing_uncertainty_s[0] == report0.timing_uncertainty_s
+    assert capture.timing_uncertainty_s[0] == report0.timing_uncertainty_s
     ledger = ledger_by_nonce(rundir.ledger_path)
     assert ledger[nonces[0]]["n0"] == pytest.approx(rec0.state.noise_var_lower / 2)
     assert ledger[nonces[0]]["n0"] > 0
     ack = server.sent[-1]
     assert ack.type == "ack" and ack["channel"]["n0"] == ledger[nonces[0]]["n0"]
     # device 1's frame arrived without its upload message: it counts, no credit
-    info, vec = exp._settle(0, 1, nonces[1], gated[1], None, link, rngs[1], StageTimer(), got[1])
+    info, vec = settle_answer(0, 1, None, got[1])
     assert vec is None and info["straggler"] and info["frame_found"] is True
     assert ledger_by_nonce(rundir.ledger_path)[nonces[1]]["n0"] == 0.0
     # round 1: an upload whose frame was not found, and one sent over the control plane
-    gated, rngs = exp._gate(1, link, set())
-    nonces = [exp.book.begin(g) for g in gated]
-    info, vec = exp._settle(
-        1,
-        0,
-        nonces[0],
-        gated[0],
-        upload(0, 1),
-        link,
-        rngs[0],
-        StageTimer(),
-        LinkError("usrp link: device 0, round 1 lost"),
-    )
+    gated, rngs = loop.gate_devices(1, link, [0, 1])
+    nonces = [book.begin(gated[i]) for i in range(2)]
+    info, vec = settle_answer(1, 0, upload(0, 1), LinkError("usrp link: device 0, round 1 lost"))
     assert vec is None and info["lost"] and info["energy_comm_j"] > 0
-    info, vec = exp._settle(
-        1,
-        1,
-        nonces[1],
-        gated[1],
-        upload(1, 1, on_air=False, tx_report=None),
-        link,
-        rngs[1],
-        StageTimer(),
-        None,
-    )
+    info, vec = settle_answer(1, 1, upload(1, 1, on_air=False, tx_report=None), None)
     assert vec is None and info["lost"] and "control plane" in info["error"]
     ledger = ledger_by_nonce(rundir.ledger_path)
     assert ledger[nonces[0]]["n0"] == 0.0 and ledger[nonces[1]]["n0"] == 0.0
     link.close()
-    exp.book.close()
+    book.close()
     rundir.close()
 
 

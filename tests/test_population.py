@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from aggregator.round_loop import RoundLoop
+from aggregator.run_rounds import run_rounds
+from aggregator.sampling import round_devices
 from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
 from testbed.core.config.experiment import ExperimentConfig
@@ -17,23 +20,25 @@ from testbed.core.config.loader import ConfigError, load_experiment, load_hardwa
 from testbed.core.models import build_model, get_flat
 from testbed.core.privacy import Ledger
 from testbed.core.record_schemes import resolve_record_uplinks
+from testbed.core.run_metadata import write_metadata
+from testbed.core.run_setup import device_settings, prepare_data
 from testbed.core.rundir import RunDir, read_jsonl
 from testbed.core.schemes import resolve_uplinks
-from testbed.runner import (
-    Experiment,
-    _write_metadata,
-    device_settings,
-    prepare_data,
-    round_devices,
-)
+from testbed.local_devices import LocalDevices
+from testbed.runner import local_loop
 
 
-def _run(cfg: ExperimentConfig, path: Path) -> tuple[Experiment, dict[str, Any]]:
+def _run(cfg: ExperimentConfig, path: Path) -> tuple[RoundLoop, dict[str, Any]]:
     hw = load_hardware(cfg.hw_config)
     rundir = RunDir.create(path)
-    _write_metadata(rundir, cfg, hw)
-    exp = Experiment(cfg, hw, rundir)
-    return exp, exp.run()
+    write_metadata(rundir, cfg, hw)
+    loop = local_loop(cfg, hw, rundir)
+    return loop, run_rounds(loop)
+
+
+def _workers(loop: RoundLoop) -> dict[int, Any]:
+    assert isinstance(loop.devices, LocalDevices)
+    return loop.devices.device_workers
 
 
 def _population(tiny: list[str], *extra: str) -> ExperimentConfig:
@@ -55,8 +60,8 @@ def test_sampled_rounds_make_state_only_for_the_devices_asked(
         assert line["uploads"] == 6 and all(d["transmitted"] for d in line["devices"])
     ever = set().union(*map(set, asked))
     assert 6 < len(ever) < 60
-    assert set(exp.device_workers) == ever  # state for the devices asked, and only them
-    assert all(w._trainer is not None for w in exp.device_workers.values())
+    assert set(_workers(exp)) == ever  # state for the devices asked, and only them
+    assert all(w._trainer is not None for w in _workers(exp).values())
     listed = [d["device"] for d in summary["privacy"]["devices"]]
     assert listed == sorted(ever)
     assert summary["privacy"]["devices_never_asked"] == 60 - len(ever)

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from aggregator.state import PaperAccountingWarning
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.core.privacy import Ledger, RecordEvent
-from testbed.core.privacy.record_accountant import RecordAccountant, device_level_epsilon
+from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.record_device_level import device_level_epsilon
 from testbed.core.record_schemes import resolve_record_uplinks
-from testbed.runner import PaperAccountingWarning, run_experiment
+from testbed.runner import run_experiment
 
 FEDSGD_UPLOAD = ["local_steps=1", "privacy.noise=upload", "compression.quantize=false"]
 

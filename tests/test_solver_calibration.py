@@ -271,13 +271,14 @@ def test_calibrate_recovers_known_constants_from_synthetic_pilot_curves(
     from testbed.cli.cmd_plan import count_params
     from testbed.cli.main import main
     from testbed.core.config.loader import load_experiment, load_hardware
+    from testbed.core.run_setup import prepare_data
 
     beta1, beta2, target = 20.0, 0.4, 0.8
     thetas, zs = [1.0, 0.5, 0.25], [0.5, 1.0, 2.0]
     sets = _record_sets(tiny_overrides)
     overrides = [*sets[1::2], "privacy.unit=record"]
     cfg = load_experiment(None, overrides)
-    _, parts = testbed.runner.prepare_data(cfg)
+    _, parts = prepare_data(cfg)
     pilots = record_pilots(None, overrides, load_hardware(cfg.hw_config), count_params(cfg),
                            [len(p) for p in parts], theta_s=thetas, noise_multipliers=zs,
                            rounds=400, window=5, stop_at_loss=target)

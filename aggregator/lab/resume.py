@@ -9,15 +9,15 @@ device whose upload of the round is in the ledger but not in ``inflight/`` (its 
 journalled, so the new :class:`~testbed.core.privacy_book.PrivacyBook` recorded it with its
 gated values; or the crash came between the record and ``inflight/``) is charged for the
 round already (:func:`charged_in_round`): it is asked again under the *recorded* nonce
-(:func:`ask_again`) and its answer is used without a second record
-(:func:`settle_again`), so no device is ever charged twice for one round. The edge answers
-with the very upload it sent before (kept in memory), or trains and sends one if it never
-began that upload (the record came from the aggregator's own intent); an edge that restarted
-in between refuses, and that update is lost (the record stays). Over USRPs a charged device
-is not asked again (a second burst would be a second release). Devices not charged are
-asked as usual, under fresh nonces. Every edge gets ``sync`` when the resumed
-aggregator starts (it adopts the records it lacks, its open intent included), so both
-ledgers hold the same uploads under the same nonces.
+(:func:`ask_again`) and its answer is used without a second record (the round loop carries
+an :class:`aggregator.devices.Upload` marked ``recorded``), so no device is ever charged
+twice for one round. The edge answers with the very upload it sent before (kept in memory),
+or trains and sends one if it never began that upload (the record came from the aggregator's
+own intent); an edge that restarted in between refuses, and that update is lost (the record
+stays). Over USRPs a charged device is not asked again (a second burst would be a second
+release). Devices not charged are asked as usual, under fresh nonces. Every edge gets
+``sync`` when the resumed aggregator starts (it adopts the records it lacks, its open intent
+included), so both ledgers hold the same uploads under the same nonces.
 
 **A finished run** (``summary.json`` says ``completed``, ``budget_exhausted`` or
 ``diverged``): ``testbed aggregator --resume`` runs no round; it answers every edge that
@@ -72,7 +72,7 @@ def open_run(
     from testbed.core.config.loader import load_experiment, load_hardware
     from testbed.core.links import check_link_config
     from testbed.core.recovery import check_config_pin, resume_point
-    from testbed.runner import _write_metadata
+    from testbed.core.run_metadata import write_metadata
 
     if resume_dir is not None:
         check_lab_run(resume_dir)
@@ -95,7 +95,7 @@ def open_run(
     check_link_config(cfg, hw, record=cfg.record)
     rundir = RunDir.create(out_dir)
     try:
-        _write_metadata(rundir, cfg, hw)
+        write_metadata(rundir, cfg, hw)
         mark_lab_run(rundir)
     except BaseException:
         rundir.remove()
@@ -133,11 +133,14 @@ def credits_channel(event: Any) -> bool:
         float(getattr(event, "n0", 0.0)) > 0
 
 
-def ask_again(agg: Any, t: int, charged: dict[int, tuple[str, Any]]) -> set[int]:
+def ask_again(remote: Any, t: int, w: np.ndarray,
+              charged: dict[int, tuple[str, Any]]) -> set[int]:
     """Ask each charged device that is connected to send its upload of round ``t`` again,
-    under the recorded nonce. The edge resends the very upload it sent (or, if it never
-    began that upload, trains and sends it), so the one record covers it: the same values
-    released twice reveal nothing more, *provided nothing fresh is added on the way*.
+    under the recorded nonce, from the global model ``w``
+    (:class:`aggregator.lab.remote_devices.RemoteDevices`). The edge resends the very upload
+    it sent (or, if it never began that upload, trains and sends it), so the one record
+    covers it: the same values released twice reveal nothing more, *provided nothing fresh
+    is added on the way*. The round loop carries its answer without recording it again.
 
     Not asked (the update is lost, charged once, the metrics say why):
 
@@ -149,61 +152,26 @@ def ask_again(agg: Any, t: int, charged: dict[int, tuple[str, Any]]) -> set[int]
 
     Returns the devices asked.
     """
-    if agg._split is not None:
+    if remote.capture is not None:
         return set()
-    weights = np.ascontiguousarray(agg.w, dtype="<f8").tobytes()
+    weights = np.ascontiguousarray(w, dtype="<f8").tobytes()
     asked = set()
     for i, (nonce, event) in sorted(charged.items()):
         if credits_channel(event):
-            agg._settled[i] = lost_entry(
+            remote._settled[i] = lost_entry(
                 i, "not asked again: its record credits channel noise, and a second "
                 "reception of the same upload would average that noise down")
             continue
-        if not agg.plane.ready(i):
+        if not remote.plane.ready(i):
             continue
-        agg._pending[i] = (nonce, event)
-        agg.plane.send(i, "round", {
-            "round": t, "nonce": nonce, "d": agg.d, "channel": agg._channel(event),
-            "mechanism": event.to_dict(), "slot": 0, "deadline_s": float(agg.round_timeout_s),
-            "tx_time_s": None,
+        remote._pending[i] = (nonce, event)
+        remote.plane.send(i, "round", {
+            "round": t, "nonce": nonce, "d": remote.d, "channel": remote.channel(event),
+            "mechanism": event.to_dict(), "slot": 0,
+            "deadline_s": float(remote.round_timeout_s), "tx_time_s": None,
         }, weights)
         asked.add(i)
     return asked
-
-
-def settle_again(
-    agg: Any, t: int, i: int, nonce: str, event: Any, msg: Any, link: Any,
-    rng: np.random.Generator, timer: Any,
-) -> tuple[dict[str, Any], np.ndarray | None]:
-    """Use the upload a device sent again (:func:`ask_again`); it is recorded already, so
-    nothing is committed: no answer or a refusal leaves the record and loses the update."""
-    from testbed.core.protocol import UploadHeader
-
-    if msg is None or msg.type != "upload":
-        why = "no answer" if msg is None else f"refused: {msg['reason']}"
-        return lost_entry(i, why), None
-    try:
-        header = UploadHeader.from_dict(msg["header"])
-        if (header.device, header.round_index, header.d) != (i, t, agg.d) or msg["on_air"]:
-            raise ValueError("header names another device, round or model size")
-    except (TypeError, ValueError) as exc:
-        return lost_entry(i, f"bad upload: {exc}"), None
-    symbols = np.frombuffer(msg.payload or b"", dtype="<c16").astype(np.complex128)
-    book, agg.book = agg.book, None  # recorded before the restart: carried, not recorded
-    try:
-        info, vec = agg._receive(t, i, nonce, header, symbols, float(msg["symbol_energy"]),
-                                 float(msg["energy_comp_j"]), str(msg["energy_comp_source"]),
-                                 link, rng, timer)
-    finally:
-        agg.book = book
-    loss = msg["train_loss"]
-    info |= {"train_loss": float("nan") if loss is None else float(loss), "resumed": True,
-             "charged": True, "sent_again": True}
-    if book is not None:
-        info |= {f"epsilon_{k}": r.epsilon for k, r in book.epsilon(i).items()}
-    agg.rundir.save_inflight(t, i, vec, info)
-    agg.plane.send(i, "ack", {"round": t, "nonce": nonce, "channel": agg._channel(event)})
-    return info, vec
 
 
 def device_events(rundir: RunDir, device: int) -> list[dict[str, Any]]:

@@ -35,16 +35,19 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from aggregator.devices import SecAggOutcome
+from aggregator.lab.control_plane import ControlPlane
+from aggregator.state import RunState
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.protocol import Message, ProtocolError
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
-from testbed.core.secagg import SecAggAbortError, SecAggServer
+from testbed.core.secagg import SecAggAbortError
+from testbed.core.secagg.server import SecAggServer
 from testbed.core.secagg_wire import (
     inbox_fields,
     keys_from,
@@ -57,40 +60,21 @@ from testbed.core.secagg_wire import (
 from testbed.core.secure_aggregation import CARRIER, round_codec
 from testbed.core.upload_events import PrivacyEvent
 
-if TYPE_CHECKING:
-    from aggregator.lab.server import LabAggregator
+
+class SecAggHost(Protocol):
+    """What a round needs of the lab's devices side: the control plane, the round timeout
+    and the aggregator's state (config, model size, ledger, uplinks)."""
+
+    plane: ControlPlane
+    round_timeout_s: float
+    state: RunState
+
 
 log = logging.getLogger("testbed.aggregator")
 
-#: Messages an edge sends in the phases of a round.
-EDGE_MESSAGES = ("sa_keys", "sa_shares", "sa_masked", "sa_unmask")
 #: Default seconds each phase after the keys waits (the keys phase includes the training
 #: and waits ``--round-timeout``).
 DEFAULT_PHASE_TIMEOUT_S = 30.0
-
-
-@dataclass
-class SecAggOutcome:
-    """What one lab secure-aggregation round gave.
-
-    Attributes
-    ----------
-    total
-        The sum of the included updates, ``(d,)`` float64 (update units); ``None`` when the
-        round was abandoned.
-    devices
-        Metrics entry per asked device.
-    losses
-        Training losses of the devices in the sum.
-    report
-        The metrics line's ``secagg`` entry: ``status`` (``aggregated`` / ``abandoned``),
-        ``reason``, ``threshold`` and the device sets of each phase.
-    """
-
-    total: np.ndarray | None
-    devices: dict[int, dict[str, Any]]
-    losses: list[float]
-    report: dict[str, Any] = field(default_factory=dict)
 
 
 class LabSecAggRound:
@@ -99,7 +83,7 @@ class LabSecAggRound:
     Parameters
     ----------
     exp
-        The lab aggregator (control plane, ledger, model, timeouts).
+        The lab's devices side (control plane, round timeout, the aggregator's state).
     t
         Round index.
     asked
@@ -110,7 +94,7 @@ class LabSecAggRound:
         Seconds each phase after the keys waits.
     """
 
-    def __init__(self, exp: LabAggregator, t: int, asked: dict[int, PrivacyEvent],
+    def __init__(self, exp: SecAggHost, t: int, asked: dict[int, PrivacyEvent],
                  stop: StopSignals, phase_timeout_s: float) -> None:
         self.exp = exp
         self.plane = exp.plane
@@ -120,8 +104,8 @@ class LabSecAggRound:
         self.phase_timeout_s = phase_timeout_s
         self.nonces = {i: secrets.token_hex(16) for i in asked}
         self.instances = {i: self.plane.peers[i].instance for i in asked}
-        r = exp.cfg.clients_per_round or exp.cfg.devices
-        self.server = SecAggServer(round_index=t, dimension=exp.d, codec=round_codec(r))
+        r = exp.state.cfg.clients_per_round or exp.state.cfg.devices
+        self.server = SecAggServer(round_index=t, dimension=exp.state.d, codec=round_codec(r))
         self.refused: dict[int, str] = {}
         self.gone: set[int] = set()
         self.masked: dict[int, Message] = {}
@@ -160,7 +144,7 @@ class LabSecAggRound:
                 continue
             i, msg = got
             if i not in self.nonces or msg["round"] != t or msg["nonce"] != self.nonces[i]:
-                self.plane._reject(i, f"{msg.type} out of round (round {msg['round']})")
+                self.plane.reject(i, f"{msg.type} out of round (round {msg['round']})")
                 continue
             if msg.type == "refuse":
                 self.refused[i] = msg["reason"]
@@ -174,7 +158,7 @@ class LabSecAggRound:
             try:
                 accept(i, msg)
             except (ProtocolError, SecAggProtocolError, ValueError) as exc:
-                self.plane._reject(i, f"{kind}: {exc}")
+                self.plane.reject(i, f"{kind}: {exc}")
                 continue
             waiting.discard(i)
             answered.add(i)
@@ -205,8 +189,8 @@ class LabSecAggRound:
     def _phases(self, weights: bytes) -> np.ndarray:
         exp, server, t = self.exp, self.server, self.t
         for k, i in enumerate(sorted(self.events)):
-            mechanism = self.events[i].to_dict() if exp.book is not None else None
-            self._send(i, "round", {"d": exp.d, "channel": None, "mechanism": mechanism,
+            mechanism = self.events[i].to_dict() if exp.state.book is not None else None
+            self._send(i, "round", {"d": exp.state.d, "channel": None, "mechanism": mechanism,
                                     "slot": k, "deadline_s": float(exp.round_timeout_s),
                                     "tx_time_s": None}, weights)
         asked = set(self.events)
@@ -224,8 +208,8 @@ class LabSecAggRound:
         self.sets["shares"] = sorted(u2)
         with self.stop.critical():  # every upload of U2 is in the ledger before any inbox
             for i in sorted(u2):
-                if exp.book is not None:
-                    exp.book.commit(self.events[i], self.nonces[i])
+                if exp.state.book is not None:
+                    exp.state.book.commit(self.events[i], self.nonces[i])
                 self.charged.add(i)
         fault_point("secagg_after_commit")
         for i in sorted(u2):
@@ -264,8 +248,8 @@ class LabSecAggRound:
             else:
                 # charged: its masked input arrived, or it may have been sent
                 entry |= {"transmitted": True if i in self.masked else None,
-                          "charged": exp.book is not None, "carrier": CARRIER,
-                          "energy_comm_j": 0.0, "sigma": exp.uplinks[i].sigma}
+                          "charged": exp.state.book is not None, "carrier": CARRIER,
+                          "energy_comm_j": 0.0, "sigma": exp.state.uplinks[i].sigma}
                 if i in self.masked:
                     m = self.masked[i]
                     loss = m["train_loss"]
@@ -280,8 +264,8 @@ class LabSecAggRound:
                 else:
                     entry["secagg"] = ("dropped before its masked input arrived: not in the "
                                        "sum, its pairwise masks removed through Shamir recovery")
-                if exp.book is not None:
-                    for name, result in exp.book.epsilon(i).items():
+                if exp.state.book is not None:
+                    for name, result in exp.state.book.epsilon(i).items():
                         entry[f"epsilon_{name}"] = result.epsilon
             if i in self.refused:
                 entry["refused"] = self.refused[i]

@@ -10,7 +10,7 @@ channel noise at the aggregator's receiver only when
    run).
 
 Otherwise the run credits 0, for the whole run: :func:`credited_config` is the config every
-device's settings are resolved from (:func:`testbed.runner.device_settings`, on the
+device's settings are resolved from (:func:`testbed.core.run_setup.device_settings`, on the
 aggregator and on every edge), so the artificial noise is calibrated to meet the target with
 no channel noise, every upload's event carries ``trusted_channel_noise = 0``, and the
 summary says why (:func:`channel_noise_report`). Seeded noise, which anyone holding the run

@@ -1,0 +1,176 @@
+"""The lab's ``usrp`` link on the aggregator's side: the round's TDMA schedule, the one
+capture of every slot window, and each edge's burst report.
+
+The edges transmit their own bursts (:mod:`aggregator.lab.usrp_split`); the aggregator only
+receives. Each round, the ``round`` messages carry the start of each device's slot; the
+aggregator keeps serving the control plane (``clock_req`` included) until the last slot's
+window has passed, captures the schedule once, and settles each on-air ``upload`` with the
+reception found in that device's window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aggregator.lab.control_plane import ControlPlane
+from aggregator.lab.usrp_split import (
+    CAPTURE_MARGIN_S,
+    ReceiverFactory,
+    SplitReceiverLink,
+    burst_seconds,
+    open_slot_receiver,
+    round_guard_s,
+    round_slots,
+)
+from aggregator.state import RunState
+from radio.analog import n_symbols_for
+from radio.link import LinkError, LinkFailed, Reception
+from radio.tdma import Slot, schedule_window
+from testbed.core.interrupts import StopSignals
+from testbed.core.links import waveform_params
+from testbed.core.protocol import Message
+from testbed.core.stage_timer import StageTimer
+
+log = logging.getLogger("testbed.aggregator")
+
+#: Seconds the round still waits for the answers after the capture was read (an edge sends
+#: its ``upload`` as soon as its burst is queued, before it is on air).
+ANSWER_GRACE_S = 2.0
+
+#: Keeps a polled message that answers the round (the remote devices' ``_take``).
+Take = Callable[[int, tuple[int, Message] | None, dict[int, Message]], None]
+
+
+class SlotCapture:
+    """The split receiver of a lab run, its TDMA schedules and captures.
+
+    Parameters
+    ----------
+    state
+        The aggregator's state (configs, uplinks).
+    plane
+        The control plane (served while the slots go by).
+    link
+        The split receiver's link.
+    train_allowance_s
+        Time (s) from sending ``round`` to the first slot (the edges train in it).
+    """
+
+    answer_grace_s = ANSWER_GRACE_S
+
+    def __init__(self, state: RunState, plane: ControlPlane, link: SplitReceiverLink,
+                 train_allowance_s: float) -> None:
+        self.state = state
+        self.plane = plane
+        self.link = link
+        self.train_allowance_s = train_allowance_s
+        #: Each device's last reported timing uncertainty (s), for the guard.
+        self.timing_uncertainty_s: dict[int, float] = {}
+
+    @classmethod
+    def open(cls, state: RunState, plane: ControlPlane, record_dir: Path | None,
+             train_allowance_s: float, receiver_factory: ReceiverFactory | None
+             ) -> SlotCapture:
+        """Start the slot receiver (``receiver_factory``, default the ``rx`` flowgraph on
+        ``usrp.rx_args``).
+
+        Raises
+        ------
+        LinkFailed
+            No USRP (or no UHD) for the receiver.
+        """
+        from radio.edge_radio import RadioUnavailable
+
+        factory = receiver_factory or open_slot_receiver
+        try:
+            receiver = factory(
+                state.hw, record_dir=record_dir, confidence=state.cfg.n0_confidence(),
+                log_dir=state.rundir.path, clock=plane.clock,
+            )
+        except RadioUnavailable as exc:
+            raise LinkFailed(f"usrp link (lab): {exc}") from exc
+        return cls(state, plane, SplitReceiverLink(receiver), train_allowance_s)
+
+    def n_payload(self, i: int) -> int:
+        """Symbols of device ``i``'s upload (what its slot is sized for)."""
+        return n_symbols_for(self.state.uplinks[i].l)
+
+    def schedule(self, t: int, order: list[int]) -> dict[int, Slot]:
+        """The TDMA slots of round ``t`` for ``order``.
+
+        Raises
+        ------
+        ValueError
+            The schedule spans more than the receiver holds (``ring_seconds``).
+        """
+        if not order:
+            return {}
+        hw = self.state.hw
+        receiver = self.link.receiver
+        guard = round_guard_s(self.timing_uncertainty_s, order, hw.usrp.time_source,
+                              receiver_uncertainty_s=receiver.timing_uncertainty_s)
+        slots = round_slots(order, {i: self.n_payload(i) for i in order},
+                            waveform_params(hw), guard, receiver.now_s(),
+                            self.train_allowance_s)
+        w0, w1 = schedule_window(slots)
+        ring = receiver.radio.ring_seconds
+        if w1 - w0 > 0.9 * ring:
+            raise ValueError(f"round {t}: the TDMA schedule of {len(order)} devices spans "
+                             f"{w1 - w0:.3f} s; the receiver holds {ring:g} s")
+        log.info("round %d: %d slots from %.3f s to %.3f s, guard %.2f ms", t, len(slots),
+                 w0, w1, 1e3 * guard)
+        return {s.device: s for s in slots}
+
+    def capture(
+        self, t: int, slots: dict[int, Slot], pending: dict[int, Any],
+        answers: dict[int, Message], take: Take, stop: StopSignals, timer: StageTimer,
+    ) -> tuple[dict[int, Reception | LinkError], LinkFailed | None]:
+        """Serve the control plane until the last window has passed, then capture and
+        decode the windows of the devices that may have transmitted (``pending``, less
+        those that refused).
+
+        Returns each such device's reception (or its lost frame's error), and the
+        :class:`LinkFailed` of a dead receiver (raised once the round is settled).
+        """
+        split = self.link
+        end = max(s.window_end_s for s in slots.values()) + CAPTURE_MARGIN_S
+
+        def may_transmit() -> list[Slot]:
+            return [s for i, s in slots.items() if i in pending
+                    and not (i in answers and answers[i].type == "refuse")]
+
+        try:
+            while may_transmit():
+                stop.check()
+                left = end - split.receiver.now_s()
+                if left <= 0:
+                    break
+                take(t, self.plane.poll(min(0.2, left)), answers)
+            on_air = may_transmit()
+            if not on_air:
+                return {}, None
+            n_payload = {s.device: self.n_payload(s.device) for s in on_air}
+            return timer.timed("capture", lambda: split.receive(on_air, n_payload,
+                                                                round_index=t)), None
+        except LinkFailed as exc:
+            lost = LinkError(f"usrp link (lab): round {t}: no capture: {exc}")
+            return {i: lost for i in slots}, exc
+        except LinkError as exc:  # the capture is not held: every window of it is lost
+            return {i: exc for i in slots}, None
+
+    def burst_report(self, t: int, i: int, n: int, report: dict[str, Any]
+                     ) -> tuple[float, float]:
+        """Device ``i``'s report of its burst of ``n`` symbols in round ``t``: the radio
+        energy it spent (J) and its timing uncertainty (s, kept for the next guard)."""
+        hw = self.state.hw
+        slot_burst = burst_seconds(waveform_params(hw), n)
+        if abs(float(report["airtime_s"]) - slot_burst) > 1.5 / hw.sample_rate_hz:
+            log.warning("round %d: device %d's burst lasted %.6f s, its slot %.6f s: its "
+                        "hardware config's waveform is not the run's", t, i,
+                        report["airtime_s"], slot_burst)
+        self.timing_uncertainty_s[i] = float(report["timing_uncertainty_s"])
+        return float(report["tx_power_w"]) * float(report["airtime_s"]), \
+            self.timing_uncertainty_s[i]

@@ -1,0 +1,162 @@
+"""The run's summary (``summary.json``): how it ended, accuracy, energy, and every device's
+privacy with its unit, accountant, delta and trust; all read back from the run directory's
+files, so a resumed run's summary covers every round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aggregator.outcome import exit_code, trust_fields
+from aggregator.peer_accounting import peer_report
+from aggregator.solver.calibration import uploads_to_target
+from aggregator.state import RunState
+from testbed.core.links import link_name
+
+
+def summary(
+    state: RunState, status: str, reason: str, wall: float, *, workers: int,
+    energy_source: str,
+) -> dict[str, Any]:
+    """The run's ``summary.json``: how it ended, accuracy, energy and every listed device's
+    privacy (epsilon with its unit, accountant, delta and trust), read from the run
+    directory's files (the truth after any restart)."""
+    metrics = state.rundir.metrics()
+    completed = len(metrics)  # the files are the truth (one line per committed round)
+    evals = [m for m in metrics if "test_accuracy" in m]
+    energy = np.zeros(state.cfg.devices)
+    energy_comp = np.zeros(state.cfg.devices)
+    lost = np.zeros(state.cfg.devices, dtype=int)
+    for m in metrics:
+        for dev in m.get("devices", []):
+            energy[dev["device"]] += dev.get("energy_comm_j", 0.0)
+            energy_comp[dev["device"]] += dev.get("energy_comp_j", 0.0)
+            lost[dev["device"]] += int(bool(dev.get("lost")))
+    listed = reported_devices(state, metrics)
+    devices = []
+    for i in listed:
+        up = state.uplinks[i]
+        entry: dict[str, Any] = {
+            "device": i,
+            "mechanism": up.mechanism,
+            "sigma": up.sigma,
+            "noise_variance": up.sigma**2,
+            "alpha": up.alpha,
+            "l": up.l,
+            "levels": up.levels,
+            "trusted_channel_noise": up.trusted,
+            "expected_power_w": (
+                None
+                if up.expected_power is None
+                else up.expected_power * state.hw.tx_power_ref_w
+            ),
+        }
+        if state.record:
+            rs = state.record[i]
+            entry |= {
+                "noise": rs.noise,
+                "noise_multiplier": rs.target_noise_multiplier,
+                "sampling_rate": rs.sampling_rate,
+                "secure_sampling": rs.amplified,
+                "example_clip": rs.example_clip,
+                "dataset_size": rs.dataset_size,
+                "channel_credited": rs.credit_channel,
+            }
+        if state.book is not None:
+            entry |= state.book.report(i)
+            if state.record:
+                peer = peer_report(state.cfg, state.record[i], int(entry["uploads"]))
+                if peer is not None:
+                    entry["epsilon_peer_paper"] = peer
+        else:
+            entry["epsilon"] = None
+        devices.append(entry)
+    out: dict[str, Any] = {
+        "status": status,
+        "reason": reason,
+        "exit_code": exit_code(status, completed, state.cfg),
+        "scheme": state.cfg.scheme,
+        "link": link_name(state.cfg, state.hw),
+        "rounds_completed": completed,
+        "rounds_planned": state.cfg.rounds,
+        "d": state.d,
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "final_accuracy_round": evals[-1]["round"] if evals else None,
+        "best_accuracy": max((m["test_accuracy"] for m in evals), default=None),
+        "final_subset_accuracy": next(
+            (m["subset_accuracy"] for m in reversed(metrics) if "subset_accuracy" in m), None
+        ),
+        "evaluation": {
+            "test_samples": len(state.data.y_test),
+            "subset_samples": None if state.eval_index is None else len(state.eval_index),
+            "eval_every": state.cfg.eval_every,
+        },
+        "workers": workers,
+        "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
+        "lost_uploads": int(lost.sum()),
+        "lost_uploads_per_device": lost.tolist(),
+        "loss_targets": loss_target_energy(
+            metrics, state.cfg.loss_targets, state.cfg.loss_target_window
+        ),
+        "energy_comm_j_per_device": energy.tolist(),
+        "energy_comp_j_per_device": energy_comp.tolist(),
+        "energy_comp_source": energy_source,
+        "privacy": {
+            "unit": state.unit,
+            "epsilon_target": state.cfg.privacy.epsilon if state.book is not None else None,
+            "delta": state.cfg.privacy.delta,
+            "enforced_accounting": state.cfg.privacy.enforced if state.unit else None,
+            **state.delta_bound,
+            **trust_fields(state.cfg, state.hw, state.unit, state.uplinks),
+            "devices": devices,
+            **(
+                {"population": state.cfg.devices, "devices_never_asked":
+                 state.cfg.devices - len(listed)}
+                if state.cfg.sample_devices is not None
+                else {}
+            ),
+        },
+        "wall_time_s": round(wall, 3),
+    }
+    if state.cfg.scheme == "zcdp-secagg":
+        out["secagg_rounds_abandoned"] = sum(
+            1 for m in metrics if m.get("secagg", {}).get("status") == "abandoned")
+    return out
+
+
+def reported_devices(state: RunState, metrics: list[dict[str, Any]]) -> list[int]:
+    """Devices the summary lists: every device, or with ``sample_devices`` those asked
+    in a committed round or holding a ledger record (so every upload's epsilon is
+    reported, and the summary does not grow with devices never asked)."""
+    if state.cfg.sample_devices is None:
+        return list(range(state.cfg.devices))
+    seen = {dev["device"] for m in metrics for dev in m.get("devices", [])}
+    if state.book is not None:
+        seen |= {event.device for event in state.book.ledger.events()}
+    return sorted(seen)
+
+
+def loss_target_energy(
+    metrics: list[dict[str, Any]], targets: list[float], window: int = 1
+) -> list[dict[str, Any]]:
+    """For each target training loss: the first round whose training loss, averaged over the
+    last ``window`` rounds (:func:`~aggregator.solver.calibration.uploads_to_target`), is at or
+    below it, and the energy (J, computing plus radio, summed over devices) spent up to and
+    including that round; ``round`` and ``energy_j`` are ``None`` when never reached."""
+    losses = [m.get("train_loss", float("nan")) for m in metrics]
+    energy = np.cumsum([
+        sum(d.get("energy_comm_j", 0.0) + d.get("energy_comp_j", 0.0)
+            for d in m.get("devices", []))
+        for m in metrics
+    ])
+    out = []
+    for target in targets:
+        k = uploads_to_target(losses, target, window)
+        out.append({
+            "target": target,
+            "window": window,
+            "round": None if k is None else metrics[k - 1]["round"],
+            "energy_j": None if k is None else float(energy[k - 1]),
+        })
+    return out

@@ -1,0 +1,58 @@
+"""A new run directory's first files: the resolved configs, the run secret and
+``meta.json``."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+
+import numpy as np
+import torch
+
+from testbed.core.channel_credit import channel_noise_source
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.loader import dump_yaml
+from testbed.core.links import link_name
+from testbed.core.recovery import config_pin
+from testbed.core.rundir import RunDir
+from testbed.core.seeding import Stream, new_run_secret
+from testbed.core.version import __version__
+
+
+def write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -> None:
+    """Write a new run's ``config.yaml``, ``hw_config.yaml``, ``run_secret`` (mode 0600)
+    and ``meta.json`` (versions, seed streams, where privacy noise and sampling come from,
+    the config pin checked on resume)."""
+    rundir.write_text("config.yaml", dump_yaml(cfg))
+    rundir.write_text("hw_config.yaml", dump_yaml(hw))
+    rundir.write_text("run_secret", new_run_secret() + "\n", mode=0o600)
+    meta = {
+        "testbed_version": __version__,
+        "seed": cfg.seed,
+        "seed_streams": {s.name: int(s) for s in Stream},
+        "link": link_name(cfg, hw),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "host": platform.node(),
+        "privacy_noise_source": (
+            "artificial privacy noise and secret Poisson batch sampling: OS CSPRNG (never "
+            "the experiment seed)"
+        ),
+        "device_sampling_source": (
+            "experiment seed (stream DEVICE_SAMPLING): reproducible, no amplification by "
+            "device sampling credited"
+            if cfg.sample_devices is not None
+            else "OS CSPRNG (zcdp-secagg's r of n), no amplification by device sampling credited"
+            if cfg.clients_per_round is not None and cfg.scheme == "zcdp-secagg"
+            else "round robin (fedsgd-dpc's b of N)"
+            if cfg.clients_per_round is not None
+            else "none: every device every round"
+        ),
+        "channel_noise_source": channel_noise_source(cfg, hw),
+    }
+    meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.core.recovery)
+    rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -156,6 +156,7 @@ class SecAggOutcome:
     report: dict[str, Any] | None = None
 
 
+@runtime_checkable
 class Devices(Protocol):
     """The devices of a run, as the round loop sees them."""
 

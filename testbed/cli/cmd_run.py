@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import UniqueOverrides
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -60,9 +60,9 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from aggregator.outcome import outcome_line
+    from testbed import api
     from testbed.core.faults import pause_point
     from testbed.core.rundir import RunDirError, default_run_path, dumps
-    from testbed.runner import resume_experiment, run_experiment
 
     progress = not args.no_progress and sys.stderr.isatty()
     out: Path | None = None
@@ -73,16 +73,14 @@ def _run(args: argparse.Namespace) -> int:
                     "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out/--plan"
                 )
             out = args.resume
-            summary = resume_experiment(out, progress=progress)
+            result = api.resume(out, progress=progress, report=not args.no_report)
         else:
-            overrides = [*plan_overrides(args.plan), *args.overrides] if args.plan else (
-                args.overrides
-            )
-            cfg = load_experiment(args.config, overrides)
-            hw = load_hardware(cfg.hw_config, args.hw_overrides)  # validate before any work
-            out = args.out or default_run_path(cfg.name)
+            # validated before any work
+            experiment = api.load_config(args.config, args.overrides,
+                                         hw_overrides=args.hw_overrides, plan=args.plan)
+            out = args.out or default_run_path(experiment.config.name)
             pause_point("run_setup")
-            summary = run_experiment(cfg, out, progress=progress, hw=hw)
+            result = api.run(experiment, out, progress=progress, report=not args.no_report)
     except KeyboardInterrupt:
         # Only reached while setting up (the runner itself turns a stop into an outcome).
         print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)
@@ -92,47 +90,14 @@ def _run(args: argparse.Namespace) -> int:
             raise
         print(f"testbed run: error: {exc}", file=sys.stderr)
         return 2
+    summary = result.summary
     if args.json:
         print(dumps({**summary, "run_dir": str(out)}))
     print(outcome_line(summary, out), file=sys.stderr if args.json else sys.stdout)
-    if not args.no_report:
-        from testbed.report import report_after_run
-
-        line = report_after_run(out, summary)
-        if line is not None:
-            print(line, file=sys.stderr)
+    if result.report_note is not None:
+        print(result.report_note, file=sys.stderr)
     if summary["status"] == "interrupted" and not summary.get("run_dir_removed"):
         print(f"continue with:  testbed run --resume {out}", file=sys.stderr)
     elif summary["status"] == "failed" and not summary.get("run_dir_removed"):
         print(f"traceback in {out}/error.log", file=sys.stderr)
     return int(summary["exit_code"])
-
-
-def plan_overrides(path: Path) -> list[str]:
-    """Config overrides that make a run follow the plan at ``path``.
-
-    ``plan``, ``scheme``, ``rounds`` (K), ``privacy.unit``, the compression that gives the
-    plan's ``l`` and ``Q``, and ``loss_targets`` = the plan's target loss (so the summary
-    reports the round and energy at which the run reached it); everything else the plan
-    assumed is checked by the run (:func:`testbed.core.schemes.load_checked_plan`).
-    """
-    from aggregator.peers.plan_config import peer_plan_overrides
-    from testbed.core.plan_file import load_plan
-
-    peer = peer_plan_overrides(path)
-    if peer is not None:  # a peer system's plan (testbed plan --scheme dp-pasgd)
-        return peer
-    plan = load_plan(path)
-    out = [f"plan={path}", f"scheme={plan.scheme}", f"rounds={plan.K}",
-           f"privacy.unit={plan.unit}"]
-    if plan.unit == "device":
-        out.append(f"local_steps={plan.H}")
-    out.append(f"compression.sparsify={'true' if plan.l < plan.d else 'false'}")
-    if plan.l < plan.d:
-        out.append(f"compression.theta_s={plan.l / plan.d!r}")
-    out.append(f"compression.quantize={'true' if plan.Q is not None else 'false'}")
-    if plan.target_loss is not None:
-        out.append(f"loss_targets=[{plan.target_loss!r}]")
-    if plan.Q is not None:
-        out.append(f"compression.levels={plan.Q}")
-    return out

@@ -53,7 +53,7 @@ def _figure(ncols: int, title: str) -> tuple[Figure, list[Axes]]:
     return fig, axes
 
 
-def _round_axis(ax: Axes, run: RunData) -> None:
+def _axis_of_rounds(ax: Axes, run: RunData) -> None:
     """Label the x axis as rounds, integer ticks, spanning every committed round."""
     ax.set_xlabel("round (0-based)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -132,7 +132,7 @@ def accuracy_loss_plot(run: RunData) -> Plot | None:
                           fontsize=7, color="grey", va="bottom")
     if positive and min(positive) > 0 and max(positive) / min(positive) > 30:
         ax_l.set_yscale("log")
-    _round_axis(ax_l, run)
+    _axis_of_rounds(ax_l, run)
     ax_l.set_ylabel("loss (mean cross-entropy, nats)")
     ax_l.set_title("Loss per round")
     if loss_keys:
@@ -141,7 +141,7 @@ def accuracy_loss_plot(run: RunData) -> Plot | None:
         r, v, _ = run.round_series(key)
         ax_a.plot(r, v, label=metric_label(run, key), **_metric_style(key, len(r)))
     ax_a.set_ylim(0, 1)
-    _round_axis(ax_a, run)
+    _axis_of_rounds(ax_a, run)
     ax_a.set_ylabel("accuracy (fraction of test samples correct)")
     ax_a.set_title("Test accuracy")
     if acc_keys:
@@ -201,7 +201,7 @@ def epsilon_plot(run: RunData) -> Plot | None:
         if name == "paper":
             role += "; 003 Thm 1, not a DP bound"
         ax.set_title(f"epsilon, {name} accountant ({role})", fontsize=10)
-        _round_axis(ax, run)
+        _axis_of_rounds(ax, run)
         ax.set_ylabel(f"cumulative epsilon ({unit}-level, delta {delta:g})"
                       if delta is not None else f"cumulative epsilon ({unit}-level)")
         ax.set_ylim(bottom=0)
@@ -285,7 +285,7 @@ def snr_plot(run: RunData) -> Plot | None:
     rounds = run.round_numbers
     if n <= MAX_DEVICE_LINES and matrix.shape[1] <= MAX_MARKED_ROUNDS:
         _device_lines(ax_r, rounds, shown, step=False)
-        _round_axis(ax_r, run)
+        _axis_of_rounds(ax_r, run)
         ax_r.set_ylabel("SNR at the aggregator (dB)")
         _device_legend(fig, ax_r)
     else:
@@ -295,7 +295,7 @@ def snr_plot(run: RunData) -> Plot | None:
             extent=(rounds.min() - 0.5, rounds.max() + 0.5, -0.5, n - 0.5),
         )
         fig.colorbar(image, ax=ax_r, label="SNR at the aggregator (dB)")
-        _round_axis(ax_r, run)
+        _axis_of_rounds(ax_r, run)
         ax_r.set_ylabel("device")
         ax_r.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax_r.grid(False)

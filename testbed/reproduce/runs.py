@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.cmd_run import plan_overrides
+from testbed.api import plan_overrides
 from testbed.core.config.loader import parse_override
 from testbed.reproduce.cases import (
     BASE_CONFIG,

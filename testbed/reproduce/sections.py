@@ -84,7 +84,7 @@ def _acc(cells: list[RunCell], ds: str, eps: float, scheme: str) -> float | None
     return None
 
 
-def _rounds(cells: list[RunCell], ds: str, eps: float, scheme: str) -> int | None:
+def _cell_rounds(cells: list[RunCell], ds: str, eps: float, scheme: str) -> int | None:
     for c in cells:
         if (c.dataset, c.epsilon, c.scheme) == (ds, eps, scheme):
             v = c.row.get("rounds_completed")
@@ -142,8 +142,8 @@ def _table1_statements(cells: list[RunCell], quick: bool) -> list[str]:
             have = {s: a for s, a in accs.items() if a is not None}
             if "ee-dp-fl" in have and len(have) > 1:
                 best = max(have, key=lambda s: have[s])
-                k_ee = _rounds(cells, ds, eps, "ee-dp-fl")
-                k_other = {_rounds(cells, ds, eps, s) for s in have if s != "ee-dp-fl"}
+                k_ee = _cell_rounds(cells, ds, eps, "ee-dp-fl")
+                k_other = {_cell_rounds(cells, ds, eps, s) for s in have if s != "ee-dp-fl"}
                 rounds = (
                     f" EE-DP-FL ran {k_ee} rounds (its plan's K), the others "
                     f"{'/'.join(str(k) for k in sorted(k_other, key=str))}, at the same "

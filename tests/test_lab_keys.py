@@ -17,6 +17,7 @@ import zmq
 import zmq.auth
 
 from testbed.cli import cmd_keys
+from testbed.core.curve_client import CurveClient
 from testbed.core.curve_keys import (
     KeyFileError,
     KeyFileMissingError,
@@ -28,7 +29,7 @@ from testbed.core.curve_keys import (
     load_device_keys,
     read_certificate,
 )
-from testbed.core.secure_socket import CurveClient, CurveServer
+from testbed.core.curve_server import CurveServer
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -16,7 +16,8 @@ from aggregator.aggregate import average, global_update
 from testbed.core.config.loader import load_experiment
 from testbed.core.curve_keys import generate_keys
 from testbed.core.protocol import Message, ProtocolError, decode, encode
-from testbed.core.secagg import SecAggDevice, SecAggServer
+from testbed.core.secagg.device import SecAggDevice
+from testbed.core.secagg.server import SecAggServer
 from testbed.core.secagg_wire import (
     inbox_fields,
     inbox_from,
@@ -144,7 +145,7 @@ def test_masked_input_of_the_wrong_size_is_refused() -> None:
 
 
 def test_a_share_at_another_point_or_for_an_owner_not_asked_is_refused() -> None:
-    from testbed.core.secagg import UnmaskingRequest
+    from testbed.core.secagg.messages import UnmaskingRequest
 
     request = UnmaskingRequest(1, frozenset({0, 1, 2}), frozenset({3}))
     ok = {"round": 1, "self_mask_shares": [[1, 1, "00" * 66]], "mask_key_shares": []}

@@ -20,9 +20,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from edge_device.dp_trainer import RecordTrainer
 from testbed.core.config.loader import ConfigError, load_experiment
 from testbed.core.privacy import LaplaceRecordEvent, Ledger, RecordAccountant
-from testbed.core.privacy.record_accountant import (
+from testbed.core.privacy.record_device_level import device_level_epsilon
+from testbed.core.privacy.record_planning import (
     calibrate_laplace_noise_multiplier,
-    device_level_epsilon,
     laplace_epsilon_for,
 )
 from testbed.core.record_schemes import laplace_replies

@@ -8,22 +8,20 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from testbed.core.secagg import (
-    FixedPointCodec,
-    ProtocolError,
-    SecAggAbortError,
-    SecAggDevice,
-    SecAggServer,
-    ServerView,
+from testbed.core.secagg import ProtocolError, SecAggAbortError
+from testbed.core.secagg.codec import FixedPointCodec
+from testbed.core.secagg.crypto import (
     ShamirShare,
-    UnmaskingRequest,
     expand_mask,
     pairwise_seed,
-    run_round,
     self_mask_seed,
     shamir_combine,
     shamir_split,
 )
+from testbed.core.secagg.device import SecAggDevice
+from testbed.core.secagg.local_round import run_round
+from testbed.core.secagg.messages import ServerView, UnmaskingRequest
+from testbed.core.secagg.server import SecAggServer
 
 P_MIN = 1e-4  # per statistical test; the runs are seeded, so the outcome is fixed anyway
 

@@ -70,7 +70,7 @@ def default_calibrator(
     terms: RecordTerms, epsilon: float, delta: float
 ) -> Callable[[float, int], float]:
     """``(q, K) -> z_min``: dp-accounting calibration to ``RECORD_MARGIN * epsilon``."""
-    from testbed.core.privacy.record_accountant import calibrate_noise_multiplier
+    from testbed.core.privacy.record_planning import calibrate_noise_multiplier
 
     def calibrate(q: float, k: int) -> float:
         return calibrate_noise_multiplier(
@@ -100,7 +100,8 @@ def account_plan(
     Devices with identical events share one composition. ``credited`` is the trusted
     fraction the run will credit (0 for a scheme without credit or with a quantizer).
     """
-    from testbed.core.privacy.record_accountant import RecordAccountant, device_level_epsilon
+    from testbed.core.privacy.record_accountant import RecordAccountant
+    from testbed.core.privacy.record_device_level import device_level_epsilon
     from testbed.core.privacy.record_events import RecordEvent
 
     s = scenario

@@ -45,7 +45,8 @@ from testbed.core.privacy import (
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
 from testbed.core.privacy.ledger_parse import gc_paused
-from testbed.core.privacy.record_accountant import RECORD_ACCOUNTANTS, RecordAccountant
+from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.record_epsilon import RECORD_ACCOUNTANTS
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.core.rundir import append_jsonl, atomic_write_bytes, read_jsonl
 

@@ -45,7 +45,7 @@ from typing import Any
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import ConfigError
-from testbed.core.privacy.record_accountant import (
+from testbed.core.privacy.record_planning import (
     calibrate_laplace_noise_multiplier,
     calibrate_noise_multiplier,
 )

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.protocol import SECAGG_ORDINATE_HEX, Message, ProtocolError
-from testbed.core.secagg import (
-    SHAMIR_PRIME,
+from testbed.core.protocol import Message, ProtocolError
+from testbed.core.protocol_schema import SECAGG_ORDINATE_HEX
+from testbed.core.secagg.crypto import SHAMIR_PRIME, ShamirShare
+from testbed.core.secagg.messages import (
     AdvertiseKeys,
     EncryptedShare,
     MaskedInput,
     Roster,
-    ShamirShare,
     ShareKeys,
     UnmaskingReply,
     UnmaskingRequest,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from testbed.core.secagg import FixedPointCodec, run_round
+from testbed.core.secagg.codec import FixedPointCodec
+from testbed.core.secagg.local_round import run_round
 
 #: Fixed-point range of an update coordinate (|x| beyond it is clipped before masking: a
 #: post-processing of the already private update). Updates here are noisy averaged

@@ -31,15 +31,11 @@ from testbed.core.privacy.rdp import (
     gaussian_rdp,
     gaussian_rdp_coefficient,
 )
-from testbed.core.privacy.record_accountant import (
-    RECORD_ACCOUNTANTS,
-    RecordAccountant,
-    RecordEpsilon,
-    calibrate_noise_multiplier,
-    device_level_epsilon,
-    record_epsilon_for,
-)
+from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.record_device_level import device_level_epsilon
+from testbed.core.privacy.record_epsilon import RECORD_ACCOUNTANTS, RecordEpsilon
 from testbed.core.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
+from testbed.core.privacy.record_planning import calibrate_noise_multiplier, record_epsilon_for
 from testbed.core.privacy.record_rdp import sgm_rdp
 from testbed.core.privacy.strict import masked_sensitivity, sparse_norm_bound, strict_coefficient
 

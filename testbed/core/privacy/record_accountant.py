@@ -6,8 +6,9 @@ sampling) and noise multiplier ``z_eff`` (artificial plus credited channel noise
 round's realized channel), so heterogeneous sequences compose exactly, event by event.
 Accountants: ``"rdp"`` (Renyi DP curves, dp_accounting's conversion) and ``"pld"`` (privacy
 loss distributions, tighter). The device-level figure of the same run
-(:func:`device_level_epsilon`) and the figure with no channel credit are reported beside it:
-a record-level epsilon says nothing about a device's whole data set.
+(:func:`~testbed.core.privacy.record_device_level.device_level_epsilon`) and the figure with
+no channel credit are reported beside it: a record-level epsilon says nothing about a
+device's whole data set.
 
 :class:`~testbed.core.privacy.record_events.LaplaceRecordEvent` (004's full-batch Laplace
 release) composes in the same per-device state: one Laplace mechanism of parameter
@@ -19,119 +20,41 @@ At scale (docs/privacy.md §11): a device's state is a pure function of the sequ
 events' contribution keys, so devices with the same sequence share one state and one
 converted epsilon (:class:`~testbed.core.privacy.state_trie.StateTrie`): 1,000 devices making
 the same upload cost one composition, bit for bit what each would have composed alone.
+
+The figure's type and the engines behind it are in
+:mod:`~testbed.core.privacy.record_epsilon`; one-shot epsilons of identical releases and the
+noise that meets a target in :mod:`~testbed.core.privacy.record_planning`.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import warnings
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from testbed.core.privacy.events import EventError
-from testbed.core.privacy.exact_sum import ExactSum
-from testbed.core.privacy.rdp import OrderAtEdgeWarning
-from testbed.core.privacy.record_compose import ContributionKey, PldEngine, RdpEngine
-from testbed.core.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
+from testbed.core.privacy.record_compose import ContributionKey, RdpEngine
+from testbed.core.privacy.record_device_level import device_level_epsilon
+from testbed.core.privacy.record_epsilon import (
+    _RECORD_CLASSES,
+    DEFAULT_PLD_DISCRETIZATION,
+    AnyRecordEvent,
+    RecordEpsilon,
+    _check_delta,
+    _engine,
+    _result,
+)
+from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.core.privacy.state_trie import Node, StateTrie
 
-RECORD_ACCOUNTANTS = ("rdp", "pld")
-#: PLD value discretization (nats): 1e-3 is within ~1e-4 relative of 1e-4 at 10x the speed.
-DEFAULT_PLD_DISCRETIZATION = 1e-3
-#: Relative log-grid step z is rounded down to, per accountant (RDP curves are cheap).
-DEFAULT_Z_RESOLUTION = {"rdp": 0.0, "pld": 1e-3}
 _STATE_VERSION = 1
-_LAPLACE_CALIBRATION_ROUNDS = 20
 _STATE_KIND = "record-accountant"
 _NO_CHANNEL_CACHE_SIZE = 4096
-_GAUSSIAN_DP_CACHE_SIZE = 65536
 #: The record-level event types, by JSON ``type`` tag.
 RECORD_EVENT_TYPES: dict[str, type[RecordEvent] | type[LaplaceRecordEvent]] = {
     RecordEvent.TYPE: RecordEvent,
     LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
 }
-#: Any record-level event.
-AnyRecordEvent = RecordEvent | LaplaceRecordEvent
-_RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent)
-
-
-@dataclass(frozen=True)
-class RecordEpsilon:
-    """``(epsilon, delta)`` of one device at the record level.
-
-    Attributes
-    ----------
-    epsilon
-        ``0.0`` with nothing released, ``inf`` when unbounded.
-    delta
-        The delta it holds for.
-    accountant
-        ``"rdp"`` or ``"pld"``.
-    relation
-        ``"add-remove"`` or ``"replace-one"``.
-    order
-        The Renyi order attaining it (``"rdp"``; ``inf`` at epsilon 0), ``nan`` for ``"pld"``.
-    events
-        Events composed.
-    steps
-        Subsampled-Gaussian steps composed (sum of the events' ``steps``).
-    order_at_edge
-        ``True`` when the optimal order is at the edge of the grid (a valid bound, maybe not
-        the smallest).
-    """
-
-    epsilon: float
-    delta: float
-    accountant: str
-    relation: str
-    order: float = math.nan
-    events: int = 0
-    steps: int = 0
-    order_at_edge: bool = False
-
-
-def _engine(accountant: str, relation: str, z_resolution: float | None,
-            pld_discretization: float) -> RdpEngine | PldEngine:
-    if accountant not in RECORD_ACCOUNTANTS:
-        raise ValueError(f"accountant={accountant!r} not in {RECORD_ACCOUNTANTS}")
-    if relation not in RELATIONS:
-        raise ValueError(f"relation={relation!r} not in {RELATIONS}")
-    res = DEFAULT_Z_RESOLUTION[accountant] if z_resolution is None else z_resolution
-    if isinstance(res, bool) or not (isinstance(res, int | float) and 0 <= res < 1):
-        raise ValueError(f"z_resolution={z_resolution!r} must lie in [0, 1)")
-    if not (isinstance(pld_discretization, int | float) and 0 < pld_discretization <= 0.1):
-        raise ValueError(f"pld_discretization={pld_discretization!r} must lie in (0, 0.1]")
-    if accountant == "rdp":
-        return RdpEngine(relation, float(res))
-    return PldEngine(relation, float(res), float(pld_discretization))
-
-
-def _check_delta(where: str, delta: Any) -> float:
-    if isinstance(delta, bool) or not (isinstance(delta, int | float) and 0 < delta < 1):
-        raise ValueError(f"{where}: delta={delta!r} must lie in (0, 1)")
-    return float(delta)
-
-
-def _result(engine: RdpEngine | PldEngine, state: Any, delta: float, events: int,
-            steps: int) -> RecordEpsilon:
-    if events == 0:
-        eps, order, edge = 0.0, (math.inf if engine.name == "rdp" else math.nan), False
-    else:
-        eps, order, edge = engine.epsilon(state, delta)
-    if edge:
-        warnings.warn(
-            f"optimal Renyi order {order:g} is at the edge of the order grid; epsilon "
-            f"{eps:.6g} is a valid upper bound but may not be the smallest",
-            OrderAtEdgeWarning,
-            stacklevel=3,
-        )
-    return RecordEpsilon(epsilon=eps, delta=delta, accountant=engine.name,
-                         relation=engine.relation, order=order, events=events, steps=steps,
-                         order_at_edge=edge)
 
 
 def _key_steps(key: Any) -> int:
@@ -150,23 +73,6 @@ def _no_channel_group(event: AnyRecordEvent) -> tuple[str, float, float]:
     """The event's group in :meth:`RecordAccountant.epsilon_without_channel`."""
     return event.derived("no-channel-group", _compute_no_channel_group)
 
-
-def _compute_device_level_term(event: AnyRecordEvent) -> tuple[str, float]:
-    factor = 2.0 if event.relation == "replace-one" else 1.0
-    if isinstance(event, LaplaceRecordEvent):
-        b_dev = event.device_noise_multiplier / factor
-        return ("unbounded", math.inf) if b_dev == 0 else ("pure", 1.0 / b_dev)
-    z_dev = event.effective_noise_multiplier / (factor * event.dataset_size)
-    if z_dev == 0:
-        return ("unbounded", math.inf)
-    ratio = 1.0 / z_dev
-    return ("gaussian", event.steps * ratio * ratio)
-
-
-def _device_level_term(event: AnyRecordEvent) -> tuple[str, float]:
-    """``("gaussian", steps (D / z_eff)^2)``, ``("pure", xi_1 / s)`` or ``("unbounded",
-    inf)``: one event's part of :func:`device_level_epsilon`."""
-    return event.derived("device-level-term", _compute_device_level_term)
 
 
 class RecordAccountant:
@@ -390,204 +296,3 @@ def _parse_event(data: Any) -> AnyRecordEvent:
     if cls is None:
         raise EventError(f"unknown record event type {kind!r}; known: {sorted(RECORD_EVENT_TYPES)}")
     return cls.from_dict(data)
-
-
-def record_epsilon_for(*, q: float, z: float, steps: int, delta: float,
-                       accountant: str = "rdp", relation: str = "add-remove",
-                       z_resolution: float = 0.0,
-                       pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> RecordEpsilon:
-    """Record-level epsilon of ``steps`` identical Poisson-subsampled Gaussian steps.
-
-    Parameters
-    ----------
-    q
-        Sampling probability in ``(0, 1]`` (1: no amplification).
-    z
-        Noise multiplier ``std / (C / B)`` (``>= 0``; ``0`` gives ``inf``).
-    steps
-        Number of steps ``K >= 1``.
-    delta
-        Target delta in ``(0, 1)``.
-    accountant, relation, z_resolution, pld_discretization
-        As for :class:`RecordAccountant` (``z_resolution`` defaults to exact here).
-    """
-    _check_delta("record_epsilon_for", delta)
-    if isinstance(q, bool) or not (isinstance(q, int | float) and 0 < q <= 1):
-        raise ValueError(f"record_epsilon_for: q={q!r} must lie in (0, 1]")
-    if isinstance(z, bool) or not (isinstance(z, int | float) and z >= 0):
-        raise ValueError(f"record_epsilon_for: z={z!r} must be >= 0")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"record_epsilon_for: steps={steps!r} must be an integer >= 1")
-    engine = _engine(accountant, relation, z_resolution, pld_discretization)
-    state = engine.compose(engine.identity(), engine.contribution(q, z, steps))
-    return _result(engine, state, float(delta), 1, steps)
-
-
-def calibrate_noise_multiplier(*, q: float, steps: int, target_epsilon: float, delta: float,
-                               accountant: str = "rdp", relation: str = "add-remove",
-                               z_resolution: float = 0.0,
-                               pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
-                               ) -> float:
-    """Smallest noise multiplier ``z`` whose epsilon after ``steps`` steps meets the target.
-
-    Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method, then a check that the
-    returned point does not exceed the target) on an adapter around the same engine as
-    :func:`record_epsilon_for`, so ``record_epsilon_for(..., z=result)`` never exceeds
-    ``target_epsilon``. Tolerance ``1e-6`` relative to the bracket.
-    """
-    from testbed.core.privacy.record_calibration import calibrate
-
-    _check_delta("calibrate_noise_multiplier", delta)
-    if isinstance(target_epsilon, bool) or not (
-        isinstance(target_epsilon, int | float) and 0 < target_epsilon < math.inf
-    ):
-        raise ValueError(f"calibrate_noise_multiplier: target_epsilon={target_epsilon!r} "
-                         "must be finite and > 0")
-    record_epsilon_for(q=q, z=1.0, steps=steps, delta=delta, accountant=accountant,
-                       relation=relation)  # validates q, steps and names
-    engine = _engine(accountant, relation, z_resolution, pld_discretization)
-    return calibrate(engine, q=float(q), steps=steps, target_epsilon=float(target_epsilon),
-                     delta=float(delta))
-
-
-def laplace_epsilon_for(*, b: float, count: int, delta: float, accountant: str = "pld",
-                        relation: str = "add-remove",
-                        pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> RecordEpsilon:
-    """Record-level epsilon of ``count`` full-batch Laplace releases of parameter ``b``.
-
-    Parameters
-    ----------
-    b
-        ``scale / (xi_1 / D)`` (``>= 0``; ``0`` gives ``inf``): each release is ``(1 / b)``-DP
-        under add/remove.
-    count
-        Releases (``>= 1``).
-    delta, accountant, relation, pld_discretization
-        As for :class:`RecordAccountant` (the same engines, so the enforced accountant of a
-        run with these events reports exactly this).
-    """
-    _check_delta("laplace_epsilon_for", delta)
-    if isinstance(b, bool) or not (isinstance(b, int | float) and b >= 0):
-        raise ValueError(f"laplace_epsilon_for: b={b!r} must be >= 0")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"laplace_epsilon_for: count={count!r} must be an integer >= 1")
-    engine = _engine(accountant, relation, None, pld_discretization)
-    state = engine.compose(engine.identity(), engine.laplace_contribution(float(b), count))
-    return _result(engine, state, float(delta), count, count)
-
-
-def calibrate_laplace_noise_multiplier(*, count: int, target_epsilon: float, delta: float,
-                                       accountant: str = "pld", relation: str = "add-remove",
-                                       pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
-                                       ) -> float:
-    """``b`` whose ``count`` Laplace releases are ``target_epsilon``-DP by basic composition.
-
-    Pure DP composes linearly and that is tight for the Laplace mechanism (the privacy loss
-    reaches ``count / b`` with positive probability): ``b = count / target`` under
-    add/remove, ``2 count / target`` under replace-one (sensitivity ``2 xi_1 / D``). That
-    ``b`` is then checked with the engine that will enforce the budget
-    (:func:`laplace_epsilon_for`, i.e. ``dp_accounting``'s PLD or RDP of
-    ``LaplaceDpEvent(b)``) and enlarged by the ratio it reports until it reports at most the
-    target: the PLD's pessimistic discretization may add up to ``count`` x the interval.
-    """
-    _check_delta("calibrate_laplace_noise_multiplier", delta)
-    if isinstance(target_epsilon, bool) or not (
-        isinstance(target_epsilon, int | float) and 0 < target_epsilon < math.inf
-    ):
-        raise ValueError(f"calibrate_laplace_noise_multiplier: target_epsilon="
-                         f"{target_epsilon!r} must be finite and > 0")
-    if relation not in RELATIONS:
-        raise ValueError(f"relation={relation!r} not in {RELATIONS}")
-    factor = 2.0 if relation == "replace-one" else 1.0
-    b = factor * count / float(target_epsilon)
-    for _ in range(_LAPLACE_CALIBRATION_ROUNDS):
-        eps = laplace_epsilon_for(b=b, count=count, delta=delta, accountant=accountant,
-                                  relation=relation,
-                                  pld_discretization=pld_discretization).epsilon
-        if eps <= target_epsilon:
-            return b
-        b *= (eps / target_epsilon) * (1.0 + 1e-9)
-    raise ValueError(
-        f"calibrate_laplace_noise_multiplier: {accountant} keeps b={b:.6g} above the target "
-        f"{target_epsilon:.6g} after {_LAPLACE_CALIBRATION_ROUNDS} enlargements"
-    )
-
-
-def device_level_epsilon(events: Iterable[AnyRecordEvent], delta: float) -> float:
-    """Device-level epsilon of the same steps: add/remove of a device's whole data set.
-
-    Every Gaussian step is taken as a Gaussian mechanism with **no** subsampling (all ``D``
-    records may fall in one batch) and l2 sensitivity ``D C / B`` (``2 D C / B`` for
-    replace-one), i.e. noise multiplier ``z_eff / D`` (``z_eff / (2D)``), with the same
-    channel credit. Gaussian mechanisms compose exactly (Gaussian DP: ``mu = sqrt(sum steps
-    (D/z_eff)^2)``), and ``mu`` is converted exactly (Balle & Wang 2018,
-    ``dp_accounting.get_epsilon_gaussian``).
-
-    A Laplace event (:class:`LaplaceRecordEvent`) releases the l1-clipped sum over all ``D``
-    records divided by the public ``D``: a whole data set added or removed moves it by at
-    most ``D xi_1 / D = xi_1`` in l1 (``2 xi_1`` replace-one), so it is a Laplace mechanism of
-    parameter ``s / xi_1`` (``s / (2 xi_1)``), pure ``xi_1 / s``-DP. Laplace events compose
-    by basic composition (``sum xi_1 / s``; tight for pure DP, and a PLD would need
-    ``eps / 1e-4`` points at device-level epsilons in the thousands), added to the Gaussian
-    part's epsilon at ``delta`` (basic composition of ``(e1, delta)`` and ``(e2, 0)``).
-    """
-    delta = _check_delta("device_level_epsilon", delta)
-    level = DeviceLevelSum()
-    for event in events:
-        level.add(event)
-        if level.unbounded:
-            return math.inf
-    return level.epsilon(delta)
-
-
-@functools.lru_cache(maxsize=_GAUSSIAN_DP_CACHE_SIZE)
-def _gaussian_dp_epsilon(mu: float, delta: float) -> float:
-    """``dp_accounting.get_epsilon_gaussian(1 / mu, delta)`` (deterministic, so cached)."""
-    from dp_accounting import get_epsilon_gaussian
-
-    return float(get_epsilon_gaussian(1.0 / mu, delta))
-
-
-class DeviceLevelSum:
-    """Running form of :func:`device_level_epsilon`: add events one by one, ask any time.
-
-    The sums ``sum steps (D / z_eff)^2`` and ``sum xi_1 / s`` are kept exactly
-    (:class:`~testbed.core.privacy.exact_sum.ExactSum`, equal to ``math.fsum`` of the terms),
-    so the result does not depend on how the events were grouped or when it is asked.
-    """
-
-    __slots__ = ("_gaussian", "_pure", "unbounded")
-
-    def __init__(self) -> None:
-        self._gaussian = ExactSum()
-        self._pure = ExactSum()
-        self.unbounded = False  # a step without any noise: epsilon is inf
-
-    def add(self, event: AnyRecordEvent) -> None:
-        """Add one event (``TypeError`` for anything but a record-level event)."""
-        if not isinstance(event, _RECORD_CLASSES):
-            raise TypeError(
-                f"expected RecordEvents or LaplaceRecordEvents, got {type(event).__name__}"
-            )
-        kind, value = _device_level_term(event)
-        if kind == "gaussian":
-            self._gaussian.add(value)
-        elif kind == "pure":
-            self._pure.add(value)
-        else:
-            self.unbounded = True
-
-    def epsilon(self, delta: float) -> float:
-        """The device-level epsilon of the events added, at ``delta`` (validated by the
-        caller)."""
-        if self.unbounded:
-            return math.inf
-        laplace = self._pure.value()
-        mu = math.sqrt(self._gaussian.value())
-        if mu == 0:
-            return laplace
-        if math.isinf(mu):
-            return math.inf
-        return _gaussian_dp_epsilon(mu, delta) + laplace
-
-

@@ -19,7 +19,7 @@ from testbed.core.privacy.accountant import EpsilonResult
 from testbed.core.privacy.events import UploadEvent
 from testbed.core.privacy.paper import paper_coefficient
 from testbed.core.privacy.rdp import gaussian_epsilon
-from testbed.core.privacy.record_accountant import (
+from testbed.core.privacy.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
     RecordEpsilon,
     _engine,

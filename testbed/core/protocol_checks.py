@@ -1,0 +1,209 @@
+"""Checks of a control-plane message's field values (:mod:`testbed.core.protocol`): kinds,
+ranges, the payload length a header announces, the ``tx_report`` of an on-air upload and the
+sizes and shapes of the secure-aggregation (``sa_*``) messages. Each raises
+:class:`~testbed.core.protocol_schema.ProtocolError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.core.protocol_schema import (
+    _BOOL,
+    _DICT,
+    _FLOAT,
+    _INT,
+    _LIST,
+    _MAX_LIST,
+    _MAX_STR,
+    _OPT,
+    _STR,
+    MAX_AIRTIME_S,
+    MAX_DEVICE,
+    MAX_PARAMS,
+    MAX_ROUND,
+    MAX_SYMBOLS,
+    MAX_TIMING_UNCERTAINTY_S,
+    MAX_TX_POWER_W,
+    PAYLOADS,
+    SECAGG_CIPHERTEXT_HEX,
+    SECAGG_KEY_HEX,
+    SECAGG_MIN_DEVICES,
+    SECAGG_NONCE_HEX,
+    SECAGG_ORDINATE_HEX,
+    TX_REPORT_KEYS,
+    ProtocolError,
+)
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    if kind.endswith(_OPT):
+        if value is None:
+            return True
+        kind = kind[:-1]
+    if kind == _INT:
+        return type(value) is int
+    if kind == _FLOAT:
+        return type(value) in (int, float) and value == value and abs(value) != float("inf")
+    if kind == _STR:
+        return isinstance(value, str) and len(value) <= _MAX_STR
+    if kind == _BOOL:
+        return type(value) is bool
+    if kind == _DICT:
+        return isinstance(value, dict)
+    if kind == _LIST:
+        return isinstance(value, list) and len(value) <= _MAX_LIST
+    raise AssertionError(kind)
+
+
+def _payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
+    kind = PAYLOADS[msg_type]
+    if kind in ("float64", "uint64"):
+        return 8 * int(fields["d"])
+    if kind == "complex128":
+        return 0 if fields.get("on_air") else 16 * int(fields["n_symbols"])
+    return None
+
+
+def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
+    if not 0 <= fields["device"] <= MAX_DEVICE:
+        raise ProtocolError(f"{msg_type}: device {fields['device']} outside [0, {MAX_DEVICE}]")
+    if "round" in fields and not 0 <= fields["round"] <= MAX_ROUND:
+        raise ProtocolError(f"{msg_type}: round {fields['round']} outside [0, {MAX_ROUND}]")
+    if "d" in fields and not 1 <= fields["d"] <= MAX_PARAMS:
+        raise ProtocolError(f"{msg_type}: d {fields['d']} outside [1, {MAX_PARAMS}]")
+    if "n_symbols" in fields and not 0 <= fields["n_symbols"] <= MAX_SYMBOLS:
+        raise ProtocolError(f"{msg_type}: n_symbols {fields['n_symbols']} too large")
+    for key in ("next_round", "slot", "dataset_size"):
+        if key in fields and not 0 <= fields[key] <= MAX_ROUND:
+            raise ProtocolError(f"{msg_type}: {key} {fields[key]} outside [0, {MAX_ROUND}]")
+    if "deadline_s" in fields and not 0 < fields["deadline_s"] <= 86400:
+        raise ProtocolError(f"{msg_type}: deadline_s {fields['deadline_s']} outside (0, 86400]")
+    if "nonce" in fields and not (0 < len(fields["nonce"]) <= 128):
+        raise ProtocolError(f"{msg_type}: nonce of length {len(fields['nonce'])}")
+    if fields.get("tx_time_s") is not None and fields["tx_time_s"] < 0:
+        raise ProtocolError(f"{msg_type}: tx_time_s {fields['tx_time_s']} is negative")
+    if msg_type == "upload":
+        _check_tx_report(fields["on_air"], fields["tx_report"])
+    if msg_type == "ready" and not all(isinstance(n, str) for n in fields["nonces"]):
+        raise ProtocolError("ready: nonces must be strings")
+    if msg_type in ("sync", "finished"):
+        for item in fields["events"]:
+            if not (
+                isinstance(item, dict)
+                and set(item) == {"nonce", "event"}
+                and isinstance(item["nonce"], str)
+                and isinstance(item["event"], dict)
+            ):
+                raise ProtocolError(f"{msg_type}: events must be {{nonce: str, event: dict}} items")
+    if msg_type.startswith("sa_"):
+        _check_secagg(msg_type, fields)
+
+
+def _hex(value: Any, n: int) -> bool:
+    """``value`` is exactly ``n`` lower-case hex digits."""
+    return (isinstance(value, str) and len(value) == n
+            and all(c in "0123456789abcdef" for c in value))
+
+
+def _device_id(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_DEVICE
+
+
+def _items(msg_type: str, key: str, items: list[Any], schema: dict[str, Any]) -> None:
+    """Every item of ``items`` is a mapping with exactly ``schema``'s keys, each value
+    passing its check (a hex length or ``"device"``)."""
+    for item in items:
+        if not isinstance(item, dict) or set(item) != set(schema):
+            raise ProtocolError(f"{msg_type}: {key} items must have exactly {sorted(schema)}")
+        for name, want in schema.items():
+            ok = _device_id(item[name]) if want == "device" else _hex(item[name], want)
+            if not ok:
+                raise ProtocolError(f"{msg_type}: {key}.{name} is not a valid "
+                                    f"{'device id' if want == 'device' else f'{want}-digit hex'}")
+
+
+def _device_set(msg_type: str, key: str, values: list[Any]) -> set[int]:
+    if not all(_device_id(v) for v in values) or len(set(values)) != len(values):
+        raise ProtocolError(f"{msg_type}: {key} must be distinct device ids")
+    return set(values)
+
+
+def _check_secagg(msg_type: str, fields: dict[str, Any]) -> None:
+    """Sizes and shapes of the secure-aggregation messages (their meaning is checked where
+    they are turned into :mod:`testbed.core.secagg` objects)."""
+    me = fields["device"]
+    if msg_type == "sa_keys":
+        for key in ("mask_public", "channel_public"):
+            if not _hex(fields[key], SECAGG_KEY_HEX):
+                raise ProtocolError(f"sa_keys: {key} is not {SECAGG_KEY_HEX} hex digits")
+    elif msg_type == "sa_roster":
+        keys = fields["keys"]
+        _items(msg_type, "keys", keys, {"device": "device", "mask_public": SECAGG_KEY_HEX,
+                                        "channel_public": SECAGG_KEY_HEX})
+        members = _device_set(msg_type, "keys", [k["device"] for k in keys])
+        if len(members) < SECAGG_MIN_DEVICES or me not in members:
+            raise ProtocolError(f"sa_roster: must list at least {SECAGG_MIN_DEVICES} devices, "
+                                "its recipient among them")
+        if not 2 <= fields["threshold"] <= len(members) - 1:
+            raise ProtocolError(f"sa_roster: threshold {fields['threshold']} outside "
+                                f"[2, {len(members) - 1}]")
+    elif msg_type in ("sa_shares", "sa_inbox"):
+        peer = "recipient" if msg_type == "sa_shares" else "sender"
+        shares = fields["shares"]
+        _items(msg_type, "shares", shares, {peer: "device", "nonce": SECAGG_NONCE_HEX,
+                                            "ciphertext": SECAGG_CIPHERTEXT_HEX})
+        peers = _device_set(msg_type, f"shares.{peer}", [s[peer] for s in shares])
+        if me in peers:
+            raise ProtocolError(f"{msg_type}: a device shares nothing with itself")
+        if msg_type == "sa_inbox":
+            members = _device_set(msg_type, "participants", fields["participants"])
+            if me not in members or not peers <= members:
+                raise ProtocolError("sa_inbox: participants must hold the recipient and "
+                                    "every sender")
+    elif msg_type == "sa_unmask_req":
+        got = _device_set(msg_type, "received", fields["received"])
+        dropped = _device_set(msg_type, "dropped", fields["dropped"])
+        if me not in got or got & dropped:
+            raise ProtocolError("sa_unmask_req: received must hold the recipient and be "
+                                "disjoint from dropped")
+    elif msg_type == "sa_unmask":
+        owners: list[set[int]] = []
+        for key in ("self_mask_shares", "mask_key_shares"):
+            for item in fields[key]:
+                if not (isinstance(item, list) and len(item) == 3 and _device_id(item[0])
+                        and type(item[1]) is int and 1 <= item[1] <= MAX_DEVICE + 1
+                        and _hex(item[2], SECAGG_ORDINATE_HEX)):
+                    raise ProtocolError(f"sa_unmask: {key} items must be [owner, x, "
+                                        f"{SECAGG_ORDINATE_HEX}-digit hex y]")
+            owners.append(_device_set(msg_type, f"{key} owners", [i[0] for i in fields[key]]))
+        if owners[0] & owners[1]:
+            raise ProtocolError("sa_unmask: no owner's self-mask seed and mask key both")
+
+
+def _check_tx_report(on_air: bool, report: dict[str, Any] | None) -> None:
+    """An on-air upload carries exactly :data:`TX_REPORT_KEYS`, each in range; else null."""
+    if not on_air:
+        if report is not None:
+            raise ProtocolError("upload: tx_report must be null unless on_air is true")
+        return
+    if report is None:
+        raise ProtocolError("upload: on_air is true but tx_report is null")
+    if set(report) != set(TX_REPORT_KEYS):
+        missing = sorted(set(TX_REPORT_KEYS) - set(report))
+        extra = sorted(set(report) - set(TX_REPORT_KEYS))
+        raise ProtocolError(f"upload: tx_report missing {missing}, unknown {extra}")
+    for key in TX_REPORT_KEYS:
+        if not _kind_ok(report[key], _FLOAT):
+            raise ProtocolError(f"upload: tx_report.{key} is not a valid {_FLOAT}")
+    bounds = {
+        "airtime_s": (0.0, MAX_AIRTIME_S),
+        "tx_power_w": (0.0, MAX_TX_POWER_W),
+        "timing_uncertainty_s": (0.0, MAX_TIMING_UNCERTAINTY_S),
+    }
+    for key, (low, high) in bounds.items():
+        if not low <= report[key] <= high:
+            raise ProtocolError(
+                f"upload: tx_report.{key} {report[key]} outside [{low:g}, {high:g}]"
+            )
+    if report["airtime_s"] == 0:
+        raise ProtocolError("upload: tx_report.airtime_s must be > 0")

@@ -1,0 +1,170 @@
+"""What each control-plane message carries (:mod:`testbed.core.protocol`): the field kinds
+of every message type (:data:`SCHEMAS`), its payload (:data:`PAYLOADS`), the limits on field
+values, and :class:`ProtocolError`, raised for any message that breaks them."""
+
+from __future__ import annotations
+
+#: Largest model accepted (parameters); bounds payload allocations.
+MAX_PARAMS = 50_000_000
+#: Largest upload accepted (complex symbols).
+MAX_SYMBOLS = 50_000_000
+#: Largest device id / round index accepted.
+MAX_DEVICE = 1_000_000
+MAX_ROUND = 100_000_000
+#: Largest burst air time (s) and timing uncertainty (s) a ``tx_report`` may state.
+MAX_AIRTIME_S = 3600.0
+MAX_TIMING_UNCERTAINTY_S = 1.0
+#: Largest mean burst power (W) a ``tx_report`` may state (the hardware config's bound).
+MAX_TX_POWER_W = 100.0
+#: Fields of an ``upload``'s ``tx_report`` (what the edge's transmitter did; seconds, watts).
+TX_REPORT_KEYS = ("airtime_s", "tx_power_w", "tx_time_usrp_s", "timing_uncertainty_s")
+#: Secure aggregation (:mod:`testbed.core.secagg`) on the wire, in lower-case hex digits:
+#: an X25519 public key (32 bytes), an AES-GCM nonce (12 bytes), an encrypted pair of Shamir
+#: ordinates (2 x 66 bytes plus the 16-byte tag) and one Shamir ordinate (66 bytes).
+SECAGG_KEY_HEX = 64
+SECAGG_NONCE_HEX = 24
+SECAGG_CIPHERTEXT_HEX = 296
+SECAGG_ORDINATE_HEX = 132
+#: Fewest devices a secure-aggregation roster lists.
+SECAGG_MIN_DEVICES = 3
+
+_INT = "int"
+_FLOAT = "float"
+_STR = "str"
+_BOOL = "bool"
+_DICT = "dict"
+_LIST = "list"
+_OPT = "?"  # suffix: the field may be null
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol (it is dropped, never acted on)."""
+
+
+#: Field kinds of each message type; every field is required, no other field is allowed.
+SCHEMAS: dict[str, dict[str, str]] = {
+    # edge -> aggregator: join (or rejoin)
+    "hello": {"device": _INT, "instance": _STR},
+    # aggregator -> edge: the run it joins (config, and the secret masks derive from)
+    "welcome": {
+        "device": _INT,
+        "run_id": _STR,
+        "config_yaml": _STR,
+        "mask_secret": _STR,  # sparsification masks derive from it; only sent here
+        "next_round": _INT,
+    },
+    # edge -> aggregator: set up; its shard size and the nonces its ledger holds
+    "ready": {"device": _INT, "instance": _STR, "dataset_size": _INT, "nonces": _LIST},
+    # aggregator -> edge: every upload the aggregator recorded for it (ledger reconciliation)
+    "sync": {"device": _INT, "events": _LIST},
+    # aggregator -> edge: train from this model (payload) and upload in this slot
+    "round": {
+        "device": _INT,
+        "round": _INT,
+        "nonce": _STR,
+        "d": _INT,
+        "channel": _DICT + _OPT,  # channel fields the gated event credits (null: none)
+        "slot": _INT,
+        "deadline_s": _FLOAT,
+        # split usrp link: when the burst is due (start of the device's TDMA slot, s, on the
+        # schedule's time base: radio/edge_radio.py); null on simulated links
+        "tx_time_s": _FLOAT + _OPT,
+        # the privacy event the aggregator gated the upload with (its to_dict(), the
+        # mechanism's parameters: e.g. 004's l1 clip, Laplace scale and full batch); the
+        # edge records its own and refuses when they differ. Null: the aggregator keeps no
+        # ledger (no DP)
+        "mechanism": _DICT + _OPT,
+    },
+    # edge -> aggregator: one upload; payload = symbols (complex128), or empty (0 bytes)
+    # when the symbols went over the radio (on_air)
+    "upload": {
+        "device": _INT,
+        "round": _INT,
+        "nonce": _STR,
+        "header": _DICT,  # UploadHeader.to_dict()
+        "n_symbols": _INT,
+        "symbol_energy": _FLOAT,
+        "train_loss": _FLOAT + _OPT,
+        "energy_comp_j": _FLOAT,
+        "energy_comp_source": _STR,
+        "on_air": _BOOL,  # true: the edge transmitted the symbols itself (split usrp link)
+        "tx_report": _DICT + _OPT,  # on_air: TX_REPORT_KEYS of its burst; else null
+    },
+    # aggregator -> edge: the upload is recorded with these channel fields
+    "ack": {"device": _INT, "round": _INT, "nonce": _STR, "channel": _DICT + _OPT},
+    # edge -> aggregator: the edge will not upload (never went on air)
+    "refuse": {"device": _INT, "round": _INT, "nonce": _STR, "reason": _STR},
+    # either way: the run ended (or the edge is going away)
+    "leave": {"device": _INT, "reason": _STR},
+    # aggregator -> edge, in answer to anything after the run ended: how it ended and every
+    # upload recorded for the device (as in ``sync``); the edge adopts them and exits
+    "finished": {"device": _INT, "run_id": _STR, "reason": _STR, "events": _LIST},
+    # edge -> aggregator: what is your clock? (t_send: the edge's clock when asking, s)
+    "clock_req": {"device": _INT, "t_send": _FLOAT},
+    # aggregator -> edge: its clock (t_remote, s) when it answered the request t_send
+    "clock": {"device": _INT, "t_send": _FLOAT, "t_remote": _FLOAT},
+    # --- 002's secure aggregation (zcdp-secagg), after a ``round`` request; every message
+    # names the round and the request's nonce. The aggregator only relays; see docs/lab.md.
+    # edge -> aggregator, phase 0: its fresh X25519 public keys (hex)
+    "sa_keys": {
+        "device": _INT, "round": _INT, "nonce": _STR, "mask_public": _STR,
+        "channel_public": _STR,
+    },
+    # aggregator -> edge: U1 with every member's keys ({device, mask_public, channel_public})
+    # and the Shamir threshold
+    "sa_roster": {"device": _INT, "round": _INT, "nonce": _STR, "threshold": _INT, "keys": _LIST},
+    # edge -> aggregator, phase 1: its shares for every other member of U1, encrypted for
+    # the recipient ({recipient, nonce, ciphertext}, hex)
+    "sa_shares": {"device": _INT, "round": _INT, "nonce": _STR, "shares": _LIST},
+    # aggregator -> edge: U2 and the ciphertexts addressed to this device ({sender, nonce,
+    # ciphertext})
+    "sa_inbox": {
+        "device": _INT, "round": _INT, "nonce": _STR, "participants": _LIST, "shares": _LIST,
+    },
+    # edge -> aggregator, phase 2: the masked update; payload = d uint64 residues
+    "sa_masked": {
+        "device": _INT, "round": _INT, "nonce": _STR, "d": _INT, "train_loss": _FLOAT + _OPT,
+        "energy_comp_j": _FLOAT, "energy_comp_source": _STR,
+    },
+    # aggregator -> edge: whose masked input arrived (U3) and who dropped (U2 \ U3)
+    "sa_unmask_req": {
+        "device": _INT, "round": _INT, "nonce": _STR, "received": _LIST, "dropped": _LIST,
+    },
+    # edge -> aggregator, phase 3: [owner, x, y (hex)] shares of the self-mask seeds of U3
+    # and of the mask keys of the dropped
+    "sa_unmask": {
+        "device": _INT, "round": _INT, "nonce": _STR, "self_mask_shares": _LIST,
+        "mask_key_shares": _LIST,
+    },
+    # aggregator -> edge: this device takes no further part in the round (it was left out,
+    # or the round was abandoned)
+    "sa_abort": {"device": _INT, "round": _INT, "nonce": _STR, "reason": _STR},
+}
+
+#: Payload each type carries: None, "float64" (d values), "complex128" (n_symbols) or
+#: "uint64" (d residues).
+PAYLOADS: dict[str, str | None] = {
+    "hello": None,
+    "welcome": None,
+    "ready": None,
+    "sync": None,
+    "round": "float64",
+    "upload": "complex128",
+    "ack": None,
+    "refuse": None,
+    "leave": None,
+    "finished": None,
+    "clock_req": None,
+    "clock": None,
+    "sa_keys": None,
+    "sa_roster": None,
+    "sa_shares": None,
+    "sa_inbox": None,
+    "sa_masked": "uint64",
+    "sa_unmask_req": None,
+    "sa_unmask": None,
+    "sa_abort": None,
+}
+
+_MAX_STR = 1_000_000
+_MAX_LIST = 10_000_000

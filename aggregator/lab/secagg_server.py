@@ -1,11 +1,11 @@
 """One round of 002's secure aggregation in the lab (scheme ``zcdp-secagg``).
 
-The aggregator is the protocol's server (:class:`testbed.core.secagg.SecAggServer`): it
-relays the devices' messages and learns only the sum of the included updates. Each edge
-runs its own :class:`~testbed.core.secagg.SecAggDevice` (:mod:`edge_device.lab.secagg_client`)
-and never sends its key material or its unmasked update. Everything travels on the
-authenticated control plane (masked integers cannot cross an analog channel); the message
-fields are :mod:`testbed.core.secagg_wire`'s.
+The aggregator is the protocol's server (:class:`testbed.core.secagg.server.SecAggServer`):
+it relays the devices' messages and learns only the sum of the included updates. Each edge
+runs its own :class:`~testbed.core.secagg.device.SecAggDevice`
+(:mod:`edge_device.lab.secagg_client`) and never sends its key material or its unmasked
+update. Everything travels on the authenticated control plane (masked integers cannot cross
+an analog channel); the message fields are :mod:`testbed.core.secagg_wire`'s.
 
 Phases (each closes when every device still expected answered, or at its deadline):
 

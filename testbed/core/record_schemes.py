@@ -25,7 +25,7 @@ never from the records a step sees. One record added or removed then moves the v
 most ``xi_1 / D_i`` in l1, so each reply is
 ``(xi_1 / (D_i s))``-DP; ``s`` is set so the ``ceil(b T / N)`` replies a device makes under
 round robin compose (basically, tight for pure DP) to the target
-(:func:`~testbed.core.privacy.record_accountant.calibrate_laplace_noise_multiplier`). Each
+(:func:`~testbed.core.privacy.record_planning.calibrate_laplace_noise_multiplier`). Each
 reply is one :class:`~testbed.core.privacy.record_events.LaplaceRecordEvent`.
 
 The noise multiplier is calibrated per device with dp-accounting (in the enforced

@@ -3,7 +3,7 @@
 The library searches a parameter with Brent's method on fresh ``dp_accounting``
 accountants and makes sure the point it returns does not exceed the target epsilon. To
 calibrate against *our* numbers (the same order grid, conversion, replace-one treatment and
-``z`` rounding as :func:`~testbed.core.privacy.record_accountant.record_epsilon_for`), the fresh
+``z`` rounding as :func:`~testbed.core.privacy.record_planning.record_epsilon_for`), the fresh
 accountant is a thin adapter around our composition engine.
 """
 

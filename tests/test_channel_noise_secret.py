@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import testbed.runner as runner_module
+import testbed.local_devices as local_devices_module
 from aggregator.outcome import trust_statement
 from radio.channel import awgn
 from radio.link import Reception
@@ -65,9 +65,9 @@ def _recorded_run(
     monkeypatch: pytest.MonkeyPatch, cfg: Any, run: Path
 ) -> tuple[dict, dict[tuple[int, int], tuple[np.ndarray, Reception]]]:
     uploads: list = []
-    real = runner_module.make_link
+    real = local_devices_module.make_link
     monkeypatch.setattr(
-        runner_module, "make_link", lambda *a, **k: _Recorder(real(*a, **k), uploads)
+        local_devices_module, "make_link", lambda *a, **k: _Recorder(real(*a, **k), uploads)
     )
     summary = run_experiment(cfg, run)
     assert summary["status"] == "completed", summary

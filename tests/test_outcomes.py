@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import testbed.runner as runner_module
+import testbed.local_devices as local_devices_module
 from aggregator.outcome import OUTCOMES, exit_code
 from edge_device.trainer import LocalResult, LocalTrainer
 from radio.link import LinkError, LinkFailed
@@ -44,8 +44,8 @@ class _FlakyLink:
 
 
 def _with_link_faults(monkeypatch: pytest.MonkeyPatch, fail: dict) -> None:
-    real = runner_module.make_link
-    monkeypatch.setattr(runner_module, "make_link", lambda *a, **k: _FlakyLink(real(*a, **k), fail))
+    real = local_devices_module.make_link
+    monkeypatch.setattr(local_devices_module, "make_link", lambda *a, **k: _FlakyLink(real(*a, **k), fail))
 
 
 def _cli_run(tmp_path: Path, overrides: list[str], capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -176,7 +176,7 @@ def test_failure_before_anything_went_on_air_leaves_no_directory(
     def dead(*args: Any, **kwargs: Any) -> Any:
         raise LinkFailed("flowgraph 'channel_emulator' exited with code 1 at start-up")
 
-    monkeypatch.setattr(runner_module, "make_link", dead)
+    monkeypatch.setattr(local_devices_module, "make_link", dead)
     summary = run_experiment(load_experiment(None, tiny_overrides), tmp_path / "run")
     assert summary["status"] == "link_failed" and summary.get("run_dir_removed")
     assert not (tmp_path / "run").exists()

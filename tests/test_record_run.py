@@ -188,13 +188,13 @@ def test_progress_bar_shows_the_largest_epsilon_spent(
         def set_postfix(self, fields: dict[str, str]) -> None:
             seen.append(fields)
 
-    import testbed.runner as runner_module
+    import aggregator.run_rounds as run_rounds_module
 
-    original = runner_module._progress_bar
-    runner_module._progress_bar = lambda *a, **k: Bar()  # type: ignore[assignment]
+    original = run_rounds_module._progress_bar
+    run_rounds_module._progress_bar = lambda *a, **k: Bar()  # type: ignore[assignment]
     try:
         summary = run_experiment(cfg, tmp_path / "run")
     finally:
-        runner_module._progress_bar = original
+        run_rounds_module._progress_bar = original
     largest = max(d["epsilon"] for d in _summary_devices(summary))
     assert seen and float(seen[-1]["eps_max"]) == pytest.approx(largest, rel=1e-2)

@@ -45,7 +45,8 @@ class _FlakyLink:
 
 def _with_link_faults(monkeypatch: pytest.MonkeyPatch, fail: dict) -> None:
     real = local_devices_module.make_link
-    monkeypatch.setattr(local_devices_module, "make_link", lambda *a, **k: _FlakyLink(real(*a, **k), fail))
+    monkeypatch.setattr(local_devices_module, "make_link",
+                        lambda *a, **k: _FlakyLink(real(*a, **k), fail))
 
 
 def _cli_run(tmp_path: Path, overrides: list[str], capsys: pytest.CaptureFixture[str]) -> tuple:

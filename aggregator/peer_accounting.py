@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aggregator.peers.dp_pasgd import paper_epsilon, rho_total
+from aggregator.peers.dp_pasgd_accounting import paper_epsilon, rho_total
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.record_schemes import RecordSettings, step_sigma
 
@@ -52,7 +52,7 @@ def _fedsgd_dpc(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict
     """004's accounting over the replies made: Theorem 1 (Laplace, linear composition of
     ``2 xi_1 / (d_i s)`` per reply, replace-one) or the Gaussian moments-accountant form
     (c2 = 2)."""
-    from aggregator.peers.fedsgd_dpc import (
+    from aggregator.peers.fedsgd_dpc_accounting import (
         gaussian_epsilon_per_reply,
         laplace_epsilon_per_reply,
         linear_composition,
@@ -95,7 +95,7 @@ def _fedsgd_dpc(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict
 
 def _zcdp_secagg(cfg: ExperimentConfig, rs: RecordSettings, uploads: int) -> dict[str, Any]:
     """002's zCDP with the 1/r secure-aggregation credit, and the trust it needs."""
-    from aggregator.peers.zcdp_secagg import TRUST_ASSUMPTION, paper_epsilon
+    from aggregator.peers.zcdp_secagg_accounting import TRUST_ASSUMPTION, paper_epsilon
 
     r = cfg.clients_per_round or cfg.devices
     gamma = max(1, min(int(round(rs.expected_batch)), rs.dataset_size))

@@ -15,20 +15,26 @@ from aggregator.peers.dp_pasgd import (
     BoundConstants,
     convergence_bound,
     max_period,
-    paper_epsilon,
-    paper_noise_multiplier,
     plan_dp_pasgd,
     resource_cost,
+    tau_star,
+)
+from aggregator.peers.dp_pasgd_accounting import (
+    paper_epsilon,
+    paper_noise_multiplier,
     rho_per_step,
     rho_star,
     rho_star_printed,
     rho_total,
     sigma_for,
-    tau_star,
     zcdp_to_eps,
 )
-from aggregator.peers.dp_pasgd import testbed_epsilon as tb_epsilon  # not "test*": pytest
-from aggregator.peers.dp_pasgd import testbed_epsilon_subsampled as tb_epsilon_subsampled
+from aggregator.peers.dp_pasgd_accounting import (
+    testbed_epsilon as tb_epsilon,  # not "test*": pytest
+)
+from aggregator.peers.dp_pasgd_accounting import (
+    testbed_epsilon_subsampled as tb_epsilon_subsampled,
+)
 
 DELTA = 1e-4  # the paper's default
 LOG_INV = math.log(1.0 / DELTA)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.peers.dp_pasgd import paper_epsilon
+from aggregator.peers.dp_pasgd_accounting import paper_epsilon
 from testbed.cli.main import main
 from testbed.core.config.loader import ConfigError, load_experiment
 from testbed.runner import run_experiment

@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 
 from aggregator.peers.zcdp_secagg import (
-    TRUST_ASSUMPTION,
     ConvergenceConstants,
     convergence_bound,
+    plan_zcdp_secagg,
+)
+from aggregator.peers.zcdp_secagg_accounting import (
+    TRUST_ASSUMPTION,
     device_dp_event,
     epsilon_to_zcdp,
     expected_participations,
@@ -19,12 +22,11 @@ from aggregator.peers.zcdp_secagg import (
     paper_round_rho,
     participation_bound,
     per_step_rho,
-    plan_zcdp_secagg,
     record_uses,
     secagg_sum_epsilon,
     zcdp_to_epsilon,
 )
-from aggregator.peers.zcdp_secagg import testbed_epsilon as own_epsilon  # not a test
+from aggregator.peers.zcdp_secagg_accounting import testbed_epsilon as own_epsilon  # not a test
 
 CASES = [  # tau, G, m, gamma, sigma, r
     (10, 1.0, 2440, 244, 0.005, 10),

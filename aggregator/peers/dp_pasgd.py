@@ -1,259 +1,44 @@
-"""DP-PASGD (paper 000, Hu et al.): zCDP accounting and the resource-constrained planner.
+"""DP-PASGD (paper 000, Hu et al.): the resource-constrained planner.
 
-Pure functions, no randomness. The paper's mechanism: every local step of device ``m``
-releases the mini-batch gradient ``g = (1/X) sum_{x in batch} grad l(theta; x)`` plus
-``N(0, sigma^2 I_d)``; the models are averaged every ``tau`` steps; ``K`` local steps in all.
-With ``||grad l|| <= G`` (the paper's G-Lipschitz loss; in the testbed the per-example clip
-norm) and *replace-one* neighbours, one step has l2 sensitivity ``2G/X``, so (paper Sec. 5.2)
+Pure functions, no randomness. Device ``m`` takes ``K`` noisy local steps and the models are
+averaged every ``tau`` steps; a round costs ``c1`` (one upload) and a step ``c2`` (eq. 8).
+Here: that resource model (:func:`resource_cost`, :func:`tau_star`, :func:`max_period`),
+Theorem 1's convergence bound (:class:`BoundConstants`, :func:`convergence_bound`) and the
+planner of problem (21) (:func:`plan_dp_pasgd`, returning a :class:`DpPasgdPlan`), which
+enumerates every feasible integer ``(K, tau)`` and reports the paper's relaxed solution
+beside it.
 
-* one step is ``rho_1 = 2 G^2 / (X^2 sigma^2)``-zCDP (Gaussian mechanism, Lemma 2),
-* ``K`` steps are ``rho = 2 K G^2 / (X^2 sigma^2)``-zCDP (Lemma 1; no subsampling
-  amplification is credited, and every step is charged although only ``K/tau`` models leave
-  the device),
-* and ``(eps, delta)``-DP with ``eps = rho + 2 sqrt(rho log(1/delta))`` (Lemma 3, eq. 9).
-
-The inverse used by the planner is the **corrected root** (SEED-NOTES 000: (23) and (25)
-take the wrong one): ``rho*(eps, delta) = (sqrt(L + eps) - sqrt(L))^2``, ``L = log(1/delta)``.
-The printed value is kept as :func:`rho_star_printed`, for the docs only.
-
-Next to it, the testbed's own figure for the same mechanism (``dp_accounting``, RDP or PLD)
-and for its record-level variant with secret Poisson sampling. Derivations and the planner's
-rounding: ``docs/peers/dp-pasgd.md``.
+The noise is calibrated by the zCDP accounting of
+:mod:`aggregator.peers.dp_pasgd_accounting` (with the corrected root). Derivations and the
+planner's rounding: ``docs/peers/dp-pasgd.md``.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-#: Accountants of the testbed figure.
-ACCOUNTANTS = ("rdp", "pld")
+from aggregator.peers.dp_pasgd_accounting import (
+    _delta,
+    _eps,
+    _integer,
+    _real,
+    paper_epsilon,
+    paper_noise_multiplier,
+    rho_star,
+    rho_star_printed,
+    rho_total,
+    sigma_for,
+    zcdp_to_eps,
+)
+
 #: The exhaustive planner enumerates every (K, tau); it refuses budgets allowing more steps.
 MAX_PLANNED_STEPS = 10**6
-#: PLD value discretization (nats), the record accountant's default.
-PLD_DISCRETIZATION = 1e-3
 _PAIRS_PER_CHUNK = 1 << 20
 _RELAXED_GRID = 4000
-
-
-# ---------------------------------------------------------------------------- validation
-def _real(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
-          high: float = math.inf, high_open: bool = True) -> float:
-    """``value`` as a float if it is a real number in the given interval, else ValueError."""
-    left, right = "(" if low_open else "[", ")" if high_open else "]"
-    interval = f"{left}{low:g}, {high:g}{right}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a real number in {interval}")
-    v = float(value)
-    ok_low = v > low if low_open else v >= low
-    ok_high = v < high if high_open else v <= high
-    if math.isnan(v) or not (ok_low and ok_high):
-        raise ValueError(f"{name}={value!r} must lie in {interval}")
-    return v
-
-
-def _integer(name: str, value: Any, *, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
-    return int(value)
-
-
-def _delta(value: Any) -> float:
-    return _real("delta", value, low=0.0, high=1.0)
-
-
-def _eps(value: Any) -> float:
-    return _real("eps", value)
-
-
-# ---------------------------------------------------------------------------- paper accounting
-def rho_per_step(G: float, X: float, sigma: float) -> float:
-    """zCDP of one local step: ``(2G/X)^2 / (2 sigma^2) = 2 G^2 / (X^2 sigma^2)``.
-
-    Parameters
-    ----------
-    G
-        Bound on every per-example gradient's l2 norm (> 0; gradient units).
-    X
-        Mini-batch size (> 0; the average divides by it).
-    sigma
-        Std of the Gaussian noise per coordinate added to the mini-batch gradient
-        (>= 0; gradient units). ``0`` gives ``inf``.
-
-    Returns
-    -------
-    float
-        rho in nats (zCDP), replace-one neighbours.
-    """
-    G, X = _real("G", G), _real("X", X)
-    sigma = _real("sigma", sigma, low_open=False)
-    if sigma == 0.0:
-        return math.inf
-    return 2.0 * G * G / (X * X * sigma * sigma)
-
-
-def rho_total(K: int, G: float, X: float, sigma: float) -> float:
-    """zCDP of ``K`` local steps (additive composition): ``2 K G^2 / (X^2 sigma^2)``."""
-    return _integer("K", K) * rho_per_step(G, X, sigma)
-
-
-def zcdp_to_eps(rho: float, delta: float) -> float:
-    """``(eps, delta)``-DP of a ``rho``-zCDP mechanism: ``rho + 2 sqrt(rho log(1/delta))``.
-
-    Bun and Steinke 2016, Prop. 1.3 (the paper's Lemma 3). ``rho`` in ``[0, inf]``.
-    """
-    rho = _real("rho", rho, low_open=False, high_open=False)
-    log_inv = -math.log(_delta(delta))
-    if math.isinf(rho):
-        return math.inf
-    return rho + 2.0 * math.sqrt(rho * log_inv)
-
-
-def rho_star(eps: float, delta: float) -> float:
-    """Largest rho with ``zcdp_to_eps(rho, delta) <= eps`` (the corrected root).
-
-    ``sqrt(rho) = sqrt(L + eps) - sqrt(L)`` with ``L = log(1/delta)``, evaluated as
-    ``eps^2 / (sqrt(L + eps) + sqrt(L))^2`` (no cancellation for small ``eps``).
-    """
-    eps, log_inv = _eps(eps), -math.log(_delta(delta))
-    root_sum = math.sqrt(log_inv + eps) + math.sqrt(log_inv)
-    return eps * eps / (root_sum * root_sum)
-
-
-def rho_star_printed(eps: float, delta: float) -> float:
-    """**Wrong** -- the paper's printed (23)/(25) value, kept only to show the difference.
-
-    ``Z = eps + 2L + 2 sqrt(L^2 + eps L) = (sqrt(L + eps) + sqrt(L))^2``: the square of the
-    *negative* root of ``s^2 + 2 sqrt(L) s - eps = 0`` (``s = sqrt(rho)``). It equals
-    ``eps^2 / rho_star(eps, delta)`` and ``zcdp_to_eps(Z, delta) = eps + 4L + 4 sqrt(L (L +
-    eps)) > eps``: not a valid inverse. Never use it to calibrate noise.
-    """
-    eps, log_inv = _eps(eps), -math.log(_delta(delta))
-    return eps + 2.0 * log_inv + 2.0 * math.sqrt(log_inv * log_inv + eps * log_inv)
-
-
-def sigma_for(eps: float, delta: float, K: int, G: float, X: float) -> float:
-    """Smallest noise std (per coordinate) with ``K`` steps within ``(eps, delta)``.
-
-    ``sigma = (G/X) sqrt(2K / rho*(eps, delta))``, then nudged up by a few ulps if rounding
-    would put ``rho_total(K, G, X, sigma)`` above ``rho*`` or its epsilon above ``eps``: the
-    returned value never overshoots the target.
-    """
-    K = _integer("K", K)
-    G, X = _real("G", G), _real("X", X)
-    target = rho_star(eps, delta)
-    sigma = (G / X) * math.sqrt(2.0 * K / target)
-    for _ in range(64):
-        rho = rho_total(K, G, X, sigma)
-        if rho <= target and zcdp_to_eps(rho, delta) <= eps:
-            return sigma
-        sigma = math.nextafter(sigma, math.inf)
-    return sigma * (1.0 + 1e-12)
-
-
-def paper_epsilon(K: int, G: float, X: float, sigma: float, delta: float) -> float:
-    """The paper's eq. (9): ``zcdp_to_eps(rho_total(K, G, X, sigma), delta)``."""
-    return zcdp_to_eps(rho_total(K, G, X, sigma), delta)
-
-
-def paper_noise_multiplier(sigma: float, G: float, X: float) -> float:
-    """``sigma / (2G/X)``: noise std over the paper's (replace-one) sensitivity."""
-    return _real("sigma", sigma, low_open=False) * _real("X", X) / (2.0 * _real("G", G))
-
-
-# ---------------------------------------------------------------------------- testbed figure
-def _accountant(value: Any) -> str:
-    if value not in ACCOUNTANTS:
-        raise ValueError(f"accountant={value!r} must be one of {ACCOUNTANTS}")
-    return str(value)
-
-
-def testbed_epsilon(K: int, noise_multiplier: float, delta: float,
-                    accountant: str = "rdp") -> float:
-    """Epsilon of ``K`` Gaussian mechanisms of noise multiplier ``sigma/Delta`` (dp-accounting).
-
-    Parameters
-    ----------
-    K
-        Local steps (>= 1), each charged in full: no subsampling amplification, as the paper.
-    noise_multiplier
-        ``sigma / Delta`` (> 0) with ``Delta`` the step's l2 sensitivity under the relation
-        one wants: ``2G/X`` for the paper's replace-one (:func:`paper_noise_multiplier`).
-    delta
-        Target delta in ``(0, 1)``.
-    accountant
-        ``"rdp"``: ``dp_accounting.rdp.RdpAccountant`` on the record accountant's order grid
-        with ``SelfComposedDpEvent(GaussianDpEvent(z), K)``. ``"pld"``:
-        ``dp_accounting.pld.PLDAccountant`` (value discretization ``1e-3`` nats, pessimistic)
-        on ``GaussianDpEvent(z / sqrt(K))``, which is exactly ``K`` such mechanisms composed
-        (Gaussian DP, Dong, Roth, Su 2022) and avoids a slow ``K``-fold PLD composition.
-
-    Returns
-    -------
-    float
-        Epsilon (nats), an upper bound; tighter than :func:`zcdp_to_eps` in practice.
-    """
-    import dp_accounting
-    from dp_accounting import pld, rdp
-
-    from testbed.core.privacy.record_rdp import ORDERS
-
-    K = _integer("K", K)
-    z = _real("noise_multiplier", noise_multiplier)
-    delta = _delta(delta)
-    if _accountant(accountant) == "rdp":
-        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), K)
-        acc: Any = rdp.RdpAccountant(orders=list(ORDERS))
-    else:
-        event = dp_accounting.GaussianDpEvent(z / math.sqrt(K))
-        acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    return float(acc.compose(event).get_epsilon(delta))
-
-
-def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta: float,
-                               accountant: str = "rdp", *,
-                               relation: str = "add-remove") -> float:
-    """Record-level epsilon of ``K`` Poisson-subsampled Gaussian steps, as the testbed runs them.
-
-    The testbed runs DP-PASGD with per-example clipping at ``C`` (the paper's ``G``), a
-    public expected batch ``B`` (the paper's ``X``) and Poisson sampling at rate ``q`` from a
-    secret source, so each step is a subsampled Gaussian and amplification is credited. The
-    paper credits **no** amplification (:func:`testbed_epsilon` is its like-for-like figure).
-
-    Parameters
-    ----------
-    K
-        Local steps (>= 1).
-    q
-        Poisson sampling rate in ``(0, 1]`` (``B / D`` for ``D`` local records).
-    noise_multiplier
-        ``z = sigma B / C`` (> 0): std over the **add/remove** sensitivity ``C/B``, the
-        convention of :class:`~testbed.core.privacy.record_events.RecordEvent` whatever the
-        relation (the paper's replace-one multiplier is ``z/2``).
-    delta
-        Target delta in ``(0, 1)``.
-    accountant
-        ``"rdp"`` or ``"pld"``.
-    relation
-        ``"add-remove"`` (the testbed's default) or ``"replace-one"`` (the paper's; bounded
-        through the add/remove neighbour, docs/privacy.md 10.1).
-
-    Returns
-    -------
-    float
-        Epsilon from :func:`~testbed.core.privacy.record_accountant.record_epsilon_for`.
-    """
-    from testbed.core.privacy.record_accountant import record_epsilon_for
-
-    K = _integer("K", K)
-    q = _real("q", q, high=1.0, high_open=False)
-    z = _real("noise_multiplier", noise_multiplier)
-    return record_epsilon_for(q=q, z=z, steps=K, delta=_delta(delta),
-                              accountant=_accountant(accountant), relation=relation).epsilon
 
 
 # ---------------------------------------------------------------------------- resource model

@@ -136,7 +136,7 @@ def check_run_accepts(cfg: ExperimentConfig, sizes: list[int], scheme: str,
     PeerPlanRefused
         Above the config's target: the run would stop with ``budget_exhausted``.
     """
-    from testbed.core.privacy.record_accountant import record_epsilon_for
+    from testbed.core.privacy.record_planning import record_epsilon_for
 
     q = cfg.batch_size / min(sizes) if cfg.privacy.secure_sampling else 1.0
     steps = int(overrides["rounds"]) * int(overrides["local_steps"])
@@ -159,11 +159,9 @@ def check_run_accepts(cfg: ExperimentConfig, sizes: list[int], scheme: str,
 
 def _plan_fedsgd_dpc(cfg: ExperimentConfig, d: int, sizes: list[int], sc: FedsgdDpcScenario
                      ) -> tuple[Any, dict[str, Any]]:
-    from aggregator.peers.fedsgd_dpc import (
-        ConvergenceConstants,
-        gaussian_noise_multiplier,
-        plan_fedsgd_dpc,
-    )
+    from aggregator.peers.fedsgd_dpc import plan_fedsgd_dpc
+    from aggregator.peers.fedsgd_dpc_accounting import gaussian_noise_multiplier
+    from aggregator.peers.fedsgd_dpc_bound import ConvergenceConstants
 
     n_i = float(min(sizes))
     q = cfg.batch_size / n_i

@@ -240,7 +240,7 @@ def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta:
     Returns
     -------
     float
-        Epsilon from :func:`~testbed.core.privacy.record_accountant.record_epsilon_for`.
+        Epsilon from :func:`~testbed.core.privacy.record_planning.record_epsilon_for`.
     """
     from testbed.core.privacy.record_planning import record_epsilon_for
 

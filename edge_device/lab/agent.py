@@ -22,11 +22,19 @@ Every ``round`` carries the aggregator's privacy event of the upload (``mechanis
 edge builds its own from the run's config and its shard, and refuses when they differ (both
 ledgers must record the same event). Under 002's secure aggregation (``zcdp-secagg``) the
 ``round`` is answered with ``sa_keys`` and the round goes on in ``sa_*`` messages
-(:mod:`edge_device.lab.secagg_client`): the edge records its upload when the aggregator relays the
-shares of ``U2`` (``sa_inbox``), before it masks, and sends only its masked update. Its
+(:mod:`edge_device.lab.secagg_phases`, :mod:`edge_device.lab.secagg_client`): the edge
+records its upload when the aggregator relays the shares of ``U2`` (``sa_inbox``), before
+it masks, and sends only its masked update. Its
 fault points (:mod:`testbed.core.faults`): ``edge_before_masked`` (recorded, not yet masked) and
 ``edge_before_unmasking`` (masked input sent, unmasking request not answered); the
 aggregator's: ``secagg_after_commit`` (``U2`` recorded, no inbox sent yet).
+
+This module holds :class:`EdgeAgent`: its state, set-up (``welcome``), the message loop and
+its dispatch. The handlers are functions of the agent in their own modules: the clock offset
+(:mod:`edge_device.lab.clock`), ``sync`` and ``ack`` (:mod:`edge_device.lab.ledger_sync`),
+``round`` (:mod:`edge_device.lab.rounds`), the burst (:mod:`edge_device.lab.transmit`), the
+``sa_*`` phases (:mod:`edge_device.lab.secagg_phases`), the messages they share
+(:mod:`edge_device.lab.replies`) and how the edge ends (:mod:`edge_device.lab.edge_end`).
 """
 
 from __future__ import annotations
@@ -41,10 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from edge_device.device_worker import DeviceWorker, TrainingDiverged
+from edge_device.device_worker import DeviceWorker
 from edge_device.energy_meter import make_meter
+from edge_device.lab.clock import CLOCK_REPLY_TIMEOUT_S, measure_offset
 from edge_device.lab.edge_end import (
     FINISHED_MARKER,
     give_up,
@@ -52,44 +59,27 @@ from edge_device.lab.edge_end import (
     open_edge_book,
     record_end,
 )
-from edge_device.lab.secagg_client import SESSION_ERRORS, EdgeSecAgg
-from radio.link import LinkError, LinkFailed
-from radio.usrp_settings import DeviceRadio
+from edge_device.lab.errors import EdgeError
+from edge_device.lab.ledger_sync import on_ack, on_sync, own_event
+from edge_device.lab.replies import send
+from edge_device.lab.rounds import on_round
+from edge_device.lab.secagg_client import EdgeSecAgg
+from edge_device.lab.secagg_phases import SECAGG_MESSAGES, on_secagg
+from edge_device.lab.transmit import AirFactory, open_air, open_transmitter
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.faults import fault_point
+from testbed.core.curve_client import CurveClient
 from testbed.core.privacy_book import PrivacyBook
-from testbed.core.protocol import Message, ProtocolError, decode, encode
+from testbed.core.protocol import Message, ProtocolError, decode
 from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
-from testbed.core.secure_socket import CurveClient
-from testbed.core.stage_timer import StageTimer
-from testbed.core.upload_events import CHANNEL_KEYS, channel_fields, upload_event
 
 if TYPE_CHECKING:
     from radio.edge_radio import EdgeTransmitter
     from radio.time_sync import OffsetEstimate
 
+__all__ = ["AirFactory", "EdgeAgent", "EdgeError", "open_transmitter"]
+
 log = logging.getLogger("testbed.edge")
-
-#: Opens the device's transmitter: (its radio settings, the folder for ``tx.log``).
-AirFactory = Callable[[DeviceRadio, Path], "EdgeTransmitter"]
-#: Seconds an edge waits for the aggregator's answer to one ``clock_req``.
-CLOCK_REPLY_TIMEOUT_S = 2.0
-#: Seconds added to a burst's lead when sizing the offset's drift allowance (``hold_s``).
-HOLD_MARGIN_S = 1.0
-#: Messages kept while waiting for a ``clock`` reply; beyond, the oldest are dropped.
-MAX_QUEUED = 10_000
-
-
-def open_transmitter(radio: DeviceRadio, log_dir: Path) -> EdgeTransmitter:
-    """The device's ``tx`` flowgraph on its own USRP (looked for first)."""
-    from radio.edge_radio import EdgeTransmitter
-
-    return EdgeTransmitter(radio, log_dir=log_dir)
-
-
-class EdgeError(RuntimeError):
-    """The edge cannot take part (bad state directory, config it cannot run, no radio)."""
 
 
 class EdgeAgent:
@@ -229,49 +219,51 @@ class EdgeAgent:
         self.link = link_name(cfg, hw)
         self.waveform = waveform_params(hw)
         if self.link == "usrp":
-            self._open_air(hw)
+            open_air(self, hw)
         self.config_yaml = msg["config_yaml"]
         log.info("device %d: set up for run %s (%d samples, d=%d, link %s)", self.device,
                  msg["run_id"], self.dataset_size, self.d, self.link)
 
-    def _open_air(self, hw: HardwareConfig) -> None:
-        """Open this device's transmitter (usrp link)."""
-        from radio.edge_radio import RadioUnavailable
-        from radio.tdma import shared_reference
-        from testbed.core.config.hardware import device_radio
-
-        self.shared_time = shared_reference(hw.usrp.time_source)
-        try:
-            self.air = self.air_factory(device_radio(hw, self.device), self.state_dir)
-        except RadioUnavailable as exc:
-            raise EdgeError(str(exc)) from None
-
     def _event(self, round_index: int, channel: dict[str, Any] | None) -> Any:
-        fields = channel_fields(None, self.uplink, self.d)
-        if channel is not None:
-            fields |= {k: channel[k] for k in CHANNEL_KEYS if k in channel}
-        return upload_event(self.cfg, self.uplink, self.record, self.device, round_index,
-                            fields)
+        """This device's own privacy event of its upload in a round
+        (:func:`edge_device.lab.ledger_sync.own_event`)."""
+        return own_event(self, round_index, channel)
 
-    # -- handlers ---------------------------------------------------------------------------
-    def _send(self, client: CurveClient, msg_type: str, fields: dict[str, Any],
-              payload: bytes | None = None, timeout_s: float = 5.0) -> None:
-        client.send(encode(msg_type, {"device": self.device, **fields}, payload), timeout_s)
+    def _measure_offset(self, client: CurveClient, *, hold_s: float) -> OffsetEstimate:
+        """Measure the offset to the aggregator's clock and hand it to the transmitter
+        (:func:`edge_device.lab.clock.measure_offset`).
 
+        Raises
+        ------
+        TimeoutError
+            An exchange got no answer.
+        """
+        return measure_offset(self, client, hold_s=hold_s)
+
+    # -- joining ----------------------------------------------------------------------------
     def _hello(self, client: CurveClient) -> None:
         """Say ``hello``; a full queue (no aggregator got it yet) is not an error here."""
         try:
-            self._send(client, "hello", {"instance": self.instance}, timeout_s=1.0)
+            send(self, client, "hello", {"instance": self.instance}, timeout_s=1.0)
         except TimeoutError:
             log.info("device %d: the aggregator at %s has not taken a message yet",
                      self.device, self.endpoint)
 
     def _ready(self, client: CurveClient) -> None:
+        """Say ``ready``: the shard's size and every nonce this device holds."""
         nonces = sorted((self.book.nonces() if self.book else set()) | set(self.pending))
-        self._send(client, "ready", {"instance": self.instance,
+        send(self, client, "ready", {"instance": self.instance,
                                      "dataset_size": self.dataset_size, "nonces": nonces})
 
     def _on_welcome(self, client: CurveClient, msg: Message) -> None:
+        """``welcome``: set up (the first time; measure the clock offset on a usrp link
+        without a shared reference), then say ``ready``.
+
+        Raises
+        ------
+        EdgeError
+            A later ``welcome`` carries another config.
+        """
         if self.config_yaml is None:
             self._setup(msg)
             if self.air is not None and not self.shared_time:
@@ -282,324 +274,6 @@ class EdgeAgent:
         elif msg["config_yaml"] != self.config_yaml:
             raise EdgeError("the aggregator now runs another config; restart this edge")
         self._ready(client)
-
-    # -- the control-plane clock offset (usrp link without a shared reference) --------------
-    def _queue(self, frames: list[bytes]) -> None:
-        if len(self.inbox) >= MAX_QUEUED:
-            self.inbox.popleft()
-            self.dropped += 1
-        self.inbox.append(frames)
-
-    def _read_aggregator_clock(self, client: CurveClient) -> float:
-        """One exchange: ask for the aggregator's clock and wait for the matching answer;
-        every other message meanwhile is queued.
-
-        Raises
-        ------
-        TimeoutError
-            No answer within ``clock_timeout_s``.
-        """
-        t_send = float(self.clock())
-        self._send(client, "clock_req", {"t_send": t_send})
-        end = time.monotonic() + self.clock_timeout_s
-        while (left := end - time.monotonic()) > 0:
-            frames = client.recv(left)
-            if frames is None:
-                break
-            try:
-                msg = decode(frames)
-            except ProtocolError:
-                self._queue(frames)  # the main loop drops and logs it
-                continue
-            if msg.type == "clock" and msg["device"] == self.device and msg["t_send"] == t_send:
-                return float(msg["t_remote"])
-            self._queue(frames)
-        raise TimeoutError(f"device {self.device}: no clock reply from the aggregator within "
-                           f"{self.clock_timeout_s:g} s")
-
-    def _measure_offset(self, client: CurveClient, *, hold_s: float) -> OffsetEstimate:
-        """Measure the offset to the aggregator's clock and hand it to the transmitter.
-
-        ``hold_s``: how long (s) after the exchanges the estimate will be used (its drift
-        allowance; at least the library's default).
-
-        Raises
-        ------
-        TimeoutError
-            An exchange got no answer.
-        """
-        from radio.time_sync import DEFAULT_HOLD_S, measure_offset
-
-        assert self.air is not None
-        offset = measure_offset(lambda: self._read_aggregator_clock(client), clock=self.clock,
-                                hold_s=max(DEFAULT_HOLD_S, hold_s))
-        self.air.set_offset(offset)
-        self.offset = offset
-        log.info("device %d: clock offset to the aggregator %+.6f s +- %.3f ms (rtt %.3f ms)",
-                 self.device, offset.offset_s, 1e3 * offset.uncertainty_s, 1e3 * offset.rtt_s)
-        return offset
-
-    def _on_sync(self, msg: Message) -> None:
-        if self.book is None:
-            return
-        recorded = self.book.nonces()
-        theirs = set()
-        for item in msg["events"]:
-            nonce, data = item["nonce"], item["event"]
-            theirs.add(nonce)
-            if not isinstance(data.get("round"), int) or data.get("device") != self.device:
-                self.dropped += 1
-                continue
-            mine = self._event(data["round"], data)
-            if nonce in recorded:
-                if mine.to_dict() != self.book.entries_by_nonce().get(nonce, mine).to_dict():
-                    log.warning("device %d: ledgers differ on upload %s", self.device, nonce)
-                continue
-            if self.pending.pop(nonce, None) is None:
-                self.adopted.add(nonce)  # never begun here: it may still be asked for
-            self.book.commit(mine, nonce)
-            log.info("device %d: recorded upload %s of round %d as the aggregator did",
-                     self.device, nonce, data["round"])
-        if self.last_sent is not None and self.last_sent[0] in theirs:
-            self.resend_ok = self.last_sent[0]  # a restarted aggregator may ask for it again
-        missing = recorded - theirs
-        if missing:
-            log.warning("device %d: the aggregator holds no record of %d uploads of this "
-                        "device's ledger", self.device, len(missing))
-
-    def _refuse(self, client: CurveClient, t: int, nonce: str, reason: str) -> None:
-        """Say ``refuse`` (nothing went on air); a replay of the request is then ignored."""
-        self.refusals += 1
-        self.withdrawn.add(nonce)
-        self._send(client, "refuse", {"round": t, "nonce": nonce, "reason": reason})
-
-    def _withdraw(self, client: CurveClient, t: int, nonce: str, reason: str) -> None:
-        """Withdraw a journalled intent whose burst was not sent, and refuse."""
-        if self.book is not None:
-            self.book.cancel(nonce)
-        self.pending.pop(nonce, None)
-        self._refuse(client, t, nonce, reason)
-
-    def _on_round(self, client: CurveClient, msg: Message) -> None:
-        assert self.worker is not None
-        t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
-        if self.last_sent is not None and self.last_sent[0] == nonce == self.resend_ok:
-            self._send(client, "upload", *self.last_sent[1:])  # the same upload, again
-            return
-        again = nonce in self.adopted  # recorded already; no second record
-        known = (self.book.nonces() if self.book else set()) | set(self.pending) | self.withdrawn
-        known -= {nonce} if again else set()
-        if self.secagg is not None:
-            known |= self.secagg.seen
-        rounds = {e.round for _, e in self.book.entries(self.device)} if self.book else set()
-        if again:
-            rounds.discard(t)
-        if nonce in known or t < max(rounds, default=-1) or msg["d"] != self.d:
-            self.dropped += 1
-            log.warning("device %d: ignored a replayed or out-of-round request (round %d)",
-                        self.device, t)
-            return
-        if t in rounds:  # e.g. asked again after the aggregator restarted: one per round
-            self._refuse(client, t, nonce, f"this device's ledger already records an upload "
-                                           f"in round {t}")
-            return
-        if tx_time is not None and self.air is None:
-            self._refuse(client, t, nonce, (
-                f"the aggregator runs the usrp link, but this edge's link is {self.link} "
-                "(no transmitter); start it with --hw naming the lab's usrp config"))
-            return
-        if tx_time is None and self.air is not None and self.secagg is None:
-            log.warning("device %d: round %d without a slot time: the aggregator's link is "
-                        "simulated; sending the symbols over the control plane", self.device, t)
-        event = self._event(t, msg["channel"])
-        differs = self._mechanism_differs(event, msg["mechanism"])
-        if differs:
-            self._refuse(client, t, nonce, differs)
-            return
-        if self.book is not None and not again and not self.book.allows(event):
-            self._refuse(client, t, nonce, (
-                f"this upload would pass the device's own epsilon target "
-                f"{self.target:g} ({self.book.enforce} accounting)"))
-            return
-        w = np.frombuffer(msg.payload or b"", dtype="<f8").astype(np.float64)
-        try:
-            local = self.worker.update(w, t, StageTimer())
-        except TrainingDiverged as exc:
-            self._refuse(client, t, nonce, str(exc))
-            return
-        self._keep(t, nonce, w, local.differential)
-        if self.secagg is not None:
-            self._secagg_begin(client, t, nonce, w, local, event)
-            return
-        if tx_time is not None:
-            self._transmit(client, t, nonce, event, local, float(tx_time))
-            return
-        fault_point("edge_before_intent")
-        if self.book is not None and not again:
-            self.book.begin(event, nonce)  # before the air
-        if not again:
-            self.pending[nonce] = event
-        fault_point("edge_after_intent")
-        symbols = np.ascontiguousarray(local.upload.symbols, dtype="<c16")
-        fields = {**self._upload_fields(t, nonce, local, int(symbols.size)), "on_air": False,
-                  "tx_report": None}
-        self.last_sent = (nonce, fields, symbols.tobytes())
-        self._send(client, "upload", fields, self.last_sent[2])
-        self.adopted.discard(nonce)
-        self.uploads += 1
-
-    def _upload_fields(self, t: int, nonce: str, local: Any, n_symbols: int) -> dict[str, Any]:
-        up = local.upload
-        loss = local.train_loss if math.isfinite(local.train_loss) else None
-        return {
-            "round": t, "nonce": nonce, "header": up.header.to_dict(),
-            "n_symbols": n_symbols, "symbol_energy": float(up.symbol_energy),
-            "train_loss": loss, "energy_comp_j": float(local.comp.energy_j),
-            "energy_comp_source": str(local.comp.source),
-        }
-
-    def _transmit(
-        self, client: CurveClient, t: int, nonce: str, event: Any, local: Any, tx_time_s: float
-    ) -> None:
-        """Usrp link: send this round's burst at ``tx_time_s`` (the slot's start, schedule
-        time base), the intent journalled before the air; then ``upload`` its report.
-
-        Raises
-        ------
-        EdgeError
-            The transmitter is dead (the intent is withdrawn and the round refused first).
-        """
-        from radio.modem import modulate
-
-        assert self.air is not None
-        if not self.shared_time:
-            # Re-measured before every burst; its drift allowance covers the time to the slot.
-            lead = tx_time_s - (self.offset.to_remote(self.clock()) if self.offset else
-                                tx_time_s)
-            try:
-                self._measure_offset(client, hold_s=max(0.0, lead) + HOLD_MARGIN_S)
-            except TimeoutError as exc:
-                self._refuse(client, t, nonce, f"not sent: {exc}; the slot time cannot be "
-                                               "mapped to this host's clock")
-                return
-        fault_point("edge_before_intent")
-        if self.book is not None:
-            self.book.begin(event, nonce)  # before the air
-        self.pending[nonce] = event
-        fault_point("edge_after_intent")
-        up = local.upload
-        samples, _ = modulate(self.waveform, np.asarray(up.symbols, dtype=np.complex128))
-        try:
-            report = self.air.transmit(samples, tx_time_s)
-        except LinkFailed as exc:
-            self._withdraw(client, t, nonce, f"transmitter failed: {exc}")
-            raise EdgeError(f"device {self.device}: the transmitter failed: {exc}") from exc
-        except (LinkError, ValueError) as exc:  # not sent: slot missed, power, time base
-            self._withdraw(client, t, nonce, f"not sent: {exc}")
-            log.warning("device %d: round %d: burst not sent: %s", self.device, t, exc)
-            return
-        self._send(client, "upload", {
-            **self._upload_fields(t, nonce, local, int(up.symbols.size)),
-            "on_air": True,
-            "tx_report": {
-                "airtime_s": float(report.airtime_s), "tx_power_w": float(report.tx_power_w),
-                "tx_time_usrp_s": float(report.tx_time_usrp_s),
-                "timing_uncertainty_s": float(report.timing_uncertainty_s),
-            },
-        }, b"")
-        self.uploads += 1
-
-    def _on_ack(self, msg: Message) -> None:
-        nonce = msg["nonce"]
-        event = self.pending.pop(nonce, None)
-        if event is None:
-            self.dropped += 1
-            return
-        if self.book is not None:
-            self.book.commit(self._event(event.round, msg["channel"]), nonce)
-
-    def _mechanism_differs(self, event: Any, theirs: dict[str, Any] | None) -> str | None:
-        """Why the aggregator's event of this upload is not this device's own (``None``:
-        they agree, or either side keeps no ledger)."""
-        if self.book is None or theirs is None:
-            return None
-        mine = event.to_dict()
-        if mine == theirs:
-            return None
-        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        diff = ", ".join(f"{k}: aggregator {theirs.get(k)!r}, this device {mine.get(k)!r}"
-                         for k in keys)
-        return (f"the aggregator's privacy event of this upload differs from this device's "
-                f"own ({diff}); do both run the same config and data?")
-
-    def _keep(self, t: int, nonce: str, w: np.ndarray, update: np.ndarray | None) -> None:
-        """``--keep-updates``: write round ``t``'s model and noisy differential
-        (``updates/round-T-NONCE.npz``, float64 ``w`` and ``update``, shape ``(d,)``)."""
-        if not self.keep_updates or update is None:
-            return
-        import io
-
-        buf = io.BytesIO()
-        np.savez(buf, w=np.asarray(w, np.float64), update=np.asarray(update, np.float64),
-                 round=np.int64(t))
-        folder = self.state_dir / "updates"
-        folder.mkdir(exist_ok=True)
-        atomic_write_bytes(folder / f"round-{t}-{nonce}.npz", buf.getvalue())
-
-    # -- 002's secure aggregation --------------------------------------------------------------
-    def _secagg_begin(self, client: CurveClient, t: int, nonce: str, w: np.ndarray,
-                      local: Any, event: Any) -> None:
-        """Trained: start the round's session and advertise its keys."""
-        assert self.secagg is not None and local.differential is not None
-        loss = local.train_loss if math.isfinite(local.train_loss) else None
-        meta = {"train_loss": loss, "energy_comp_j": float(local.comp.energy_j),
-                "energy_comp_source": str(local.comp.source)}
-        fields = self.secagg.begin(t, nonce, local.differential, event, meta)
-        self._send(client, "sa_keys", {**fields, "nonce": nonce})
-
-    def _secagg_refuse(self, client: CurveClient, msg: Message, reason: str) -> None:
-        assert self.secagg is not None
-        self.secagg.end()
-        log.warning("device %d: round %d: %s", self.device, msg["round"], reason)
-        self._refuse(client, msg["round"], msg["nonce"], reason)
-
-    def _on_secagg(self, client: CurveClient, msg: Message) -> None:
-        """A secure-aggregation message of the aggregator (``sa_*``)."""
-        s = self.secagg.current(msg) if self.secagg is not None else None
-        if s is None:
-            self.dropped += 1  # another round's, a replay, or no session
-            return
-        assert self.secagg is not None
-        t, nonce = s.round, s.nonce
-        if msg.type == "sa_abort":
-            log.info("device %d: round %d: %s", self.device, t, msg["reason"])
-            self.secagg.end()
-            return
-        try:
-            if msg.type == "sa_roster":
-                self._send(client, "sa_shares", {**self.secagg.share(s, msg), "nonce": nonce})
-            elif msg.type == "sa_inbox":
-                self._secagg_masked(client, s, msg)
-            elif msg.type == "sa_unmask_req":
-                fault_point("edge_before_unmasking")
-                self._send(client, "sa_unmask", {**self.secagg.reveal(s, msg), "nonce": nonce})
-        except SESSION_ERRORS as exc:
-            self._secagg_refuse(client, msg, f"secure aggregation: {type(exc).__name__}: {exc}")
-
-    def _secagg_masked(self, client: CurveClient, s: Any, msg: Message) -> None:
-        """``sa_inbox``: record the upload (the aggregator recorded it before relaying the
-        inbox), then mask the update and send it."""
-        if self.book is not None and s.nonce not in self.book.nonces():
-            if not self.book.allows(s.event):
-                raise ValueError(f"this upload would pass the device's own epsilon target "
-                                 f"{self.target:g} ({self.book.enforce} accounting)")
-            self.book.commit(s.event, s.nonce)
-        fault_point("edge_before_masked")
-        assert self.secagg is not None
-        payload = self.secagg.mask(s, msg)
-        self._send(client, "sa_masked", {"round": s.round, "nonce": s.nonce, "d": self.d,
-                                         **s.meta}, payload)
-        self.uploads += 1
 
     # -- main loop --------------------------------------------------------------------------
     def handle(self, client: CurveClient, frames: list[bytes]) -> bool:
@@ -621,13 +295,13 @@ class EdgeAgent:
         elif self.config_yaml is None:
             self.dropped += 1  # nothing but welcome before set-up
         elif msg.type == "sync":
-            self._on_sync(msg)
+            on_sync(self, msg)
         elif msg.type == "round":
-            self._on_round(client, msg)
+            on_round(self, client, msg)
         elif msg.type == "ack":
-            self._on_ack(msg)
-        elif msg.type in ("sa_roster", "sa_inbox", "sa_unmask_req", "sa_abort"):
-            self._on_secagg(client, msg)
+            on_ack(self, msg)
+        elif msg.type in SECAGG_MESSAGES:
+            on_secagg(self, client, msg)
         elif msg.type == "clock":
             pass  # a late answer to an exchange given up
         elif msg.type == "leave":
@@ -641,7 +315,13 @@ class EdgeAgent:
         return False
 
     def run(self) -> int:
-        """Serve until the aggregator says ``leave``; returns the exit code (0)."""
+        """Serve until the aggregator says ``leave``; returns the exit code (0).
+
+        Raises
+        ------
+        EdgeError
+            The state directory is locked by another edge, or the edge cannot take part.
+        """
         import zmq
 
         from testbed.core.curve_keys import aggregator_public_key, load_device_keys

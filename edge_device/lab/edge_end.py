@@ -19,10 +19,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_device.lab.errors import EdgeError
+from edge_device.lab.ledger_sync import on_sync
 from testbed.core.rundir import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from edge_device.lab.agent import EdgeAgent
+    from edge_device.lab.agent_view import AgentView
     from testbed.core.config.experiment import ExperimentConfig
     from testbed.core.privacy_book import PrivacyBook
 
@@ -100,11 +102,11 @@ def adopt(book: PrivacyBook, device: int, events: list[dict[str, Any]]) -> int:
     return added
 
 
-def on_finished(agent: EdgeAgent, msg: Any) -> None:
+def on_finished(agent: AgentView, msg: Any) -> None:
     """The aggregator says the run has ended: adopt its records, note the end."""
     run_id, reason = msg["run_id"], msg["reason"]
     if agent.config_yaml is not None:
-        agent._on_sync(msg)  # a set-up edge builds each event from its own config
+        on_sync(agent, msg)  # a set-up edge builds each event from its own config
     else:
         book = book_from_state(agent.state_dir, agent.device, agent.max_epsilon)
         if book is not None:
@@ -120,7 +122,7 @@ def on_finished(agent: EdgeAgent, msg: Any) -> None:
           "uploads; exiting", flush=True)
 
 
-def give_up(agent: EdgeAgent) -> int:
+def give_up(agent: AgentView) -> int:
     """No answer from the aggregator for ``join_timeout_s``: end this edge (see above).
 
     Raises
@@ -128,8 +130,6 @@ def give_up(agent: EdgeAgent) -> int:
     EdgeError
         This state directory never took part in a run: the edge never got in.
     """
-    from edge_device.lab.agent import EdgeError
-
     silent = (f"no answer from the aggregator at {agent.endpoint} within "
               f"{agent.join_timeout_s:g} s (--join-timeout)")
     if agent.book is not None:

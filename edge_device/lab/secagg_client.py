@@ -6,10 +6,10 @@ update never leave this process; what goes to the aggregator is the state machin
 (:mod:`testbed.core.secagg_wire`). The state machine refuses what an honest device refuses
 (a second unmasking request, a request that would reveal both secrets of one device).
 
-The edge agent (:mod:`edge_device.lab.agent`) drives it: ``round`` (train, :meth:`EdgeSecAgg.begin`)
--> ``sa_roster`` (:meth:`~EdgeSecAgg.share`) -> ``sa_inbox`` (the agent records its upload in
-its ledger, then :meth:`~EdgeSecAgg.mask`) -> ``sa_unmask_req``
-(:meth:`~EdgeSecAgg.reveal`); ``sa_abort`` ends the round's session.
+The edge agent's secure-aggregation phases (:mod:`edge_device.lab.secagg_phases`) drive it:
+``round`` (train, :meth:`EdgeSecAgg.begin`) -> ``sa_roster`` (:meth:`~EdgeSecAgg.share`) ->
+``sa_inbox`` (the agent records its upload in its ledger, then :meth:`~EdgeSecAgg.mask`) ->
+``sa_unmask_req`` (:meth:`~EdgeSecAgg.reveal`); ``sa_abort`` ends the round's session.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from cryptography.exceptions import InvalidTag
 
 from testbed.core.protocol import Message, ProtocolError
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
-from testbed.core.secagg import SecAggAbortError, SecAggDevice
+from testbed.core.secagg import SecAggAbortError
+from testbed.core.secagg.device import SecAggDevice
 from testbed.core.secagg_wire import (
     inbox_from,
     keys_fields,

@@ -71,7 +71,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from edge_device.lab.agent import EdgeAgent, EdgeError
+    from edge_device.lab.agent import EdgeAgent
+    from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
     from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
     from testbed.core.lab_checks import check_endpoint, check_state_dir

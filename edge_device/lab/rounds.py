@@ -1,0 +1,156 @@
+"""The agent's answer to a ``round`` request: check it, train, keep, then upload or refuse.
+
+In order: a replay of the last simulated-link upload that the aggregator's ``sync``
+recorded is sent again as it was; a replayed or out-of-round request is ignored; a second
+upload in a round the ledger holds, a usrp round without a transmitter, an aggregator
+privacy event that differs from the device's own
+(:func:`~edge_device.lab.ledger_sync.mechanism_differs`), an upload past the device's own
+epsilon target, or a diverged training is refused. Otherwise the device trains
+(:class:`edge_device.device_worker.DeviceWorker`), keeps its update when asked
+(``--keep-updates``), and answers by secure aggregation
+(:mod:`edge_device.lab.secagg_phases`), by its own burst (:mod:`edge_device.lab.transmit`),
+or with the symbols over the control plane (its intent journalled first).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_device.device_worker import TrainingDiverged
+from edge_device.lab.ledger_sync import mechanism_differs, own_event
+from edge_device.lab.replies import refuse, send, upload_fields
+from edge_device.lab.secagg_phases import begin_secagg
+from edge_device.lab.transmit import transmit
+from testbed.core.faults import fault_point
+from testbed.core.rundir import atomic_write_bytes
+from testbed.core.stage_timer import StageTimer
+
+if TYPE_CHECKING:
+    from edge_device.lab.agent_view import AgentView
+    from testbed.core.curve_client import CurveClient
+    from testbed.core.protocol import Message
+
+log = logging.getLogger("testbed.edge")
+
+
+def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
+    """Answer one ``round`` request (see above).
+
+    Parameters
+    ----------
+    agent
+        A set-up agent (its ``worker``, ledger, transmitter).
+    client
+        The control-plane connection to the aggregator.
+    msg
+        The ``round`` message: ``round``, ``nonce``, ``d``, ``channel``, ``mechanism``,
+        ``tx_time_s`` (``None`` off the usrp link), the model as float64 payload.
+
+    Raises
+    ------
+    EdgeError
+        The transmitter is dead (:func:`edge_device.lab.transmit.transmit`).
+    """
+    assert agent.worker is not None
+    t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
+    if agent.last_sent is not None and agent.last_sent[0] == nonce == agent.resend_ok:
+        send(agent, client, "upload", *agent.last_sent[1:])  # the same upload, again
+        return
+    again = nonce in agent.adopted  # recorded already; no second record
+    known = (agent.book.nonces() if agent.book else set()) | set(agent.pending) | agent.withdrawn
+    known -= {nonce} if again else set()
+    if agent.secagg is not None:
+        known |= agent.secagg.seen
+    rounds = {e.round for _, e in agent.book.entries(agent.device)} if agent.book else set()
+    if again:
+        rounds.discard(t)
+    if nonce in known or t < max(rounds, default=-1) or msg["d"] != agent.d:
+        agent.dropped += 1
+        log.warning("device %d: ignored a replayed or out-of-round request (round %d)",
+                    agent.device, t)
+        return
+    if t in rounds:  # e.g. asked again after the aggregator restarted: one per round
+        refuse(agent, client, t, nonce, f"this device's ledger already records an upload "
+                                        f"in round {t}")
+        return
+    if tx_time is not None and agent.air is None:
+        refuse(agent, client, t, nonce, (
+            f"the aggregator runs the usrp link, but this edge's link is {agent.link} "
+            "(no transmitter); start it with --hw naming the lab's usrp config"))
+        return
+    if tx_time is None and agent.air is not None and agent.secagg is None:
+        log.warning("device %d: round %d without a slot time: the aggregator's link is "
+                    "simulated; sending the symbols over the control plane", agent.device, t)
+    event = own_event(agent, t, msg["channel"])
+    differs = mechanism_differs(agent, event, msg["mechanism"])
+    if differs:
+        refuse(agent, client, t, nonce, differs)
+        return
+    if agent.book is not None and not again and not agent.book.allows(event):
+        refuse(agent, client, t, nonce, (
+            f"this upload would pass the device's own epsilon target "
+            f"{agent.target:g} ({agent.book.enforce} accounting)"))
+        return
+    w = np.frombuffer(msg.payload or b"", dtype="<f8").astype(np.float64)
+    try:
+        local = agent.worker.update(w, t, StageTimer())
+    except TrainingDiverged as exc:
+        refuse(agent, client, t, nonce, str(exc))
+        return
+    keep_update(agent, t, nonce, w, local.differential)
+    if agent.secagg is not None:
+        begin_secagg(agent, client, t, nonce, local, event)
+        return
+    if tx_time is not None:
+        transmit(agent, client, t, nonce, event, local, float(tx_time))
+        return
+    _upload_symbols(agent, client, t, nonce, event, local, again)
+
+
+def _upload_symbols(agent: AgentView, client: CurveClient, t: int, nonce: str, event: Any,
+                    local: Any, again: bool) -> None:
+    """Simulated link: journal the intent (unless the upload is recorded already), then
+    send the symbols in the ``upload`` and keep it for a restarted aggregator."""
+    fault_point("edge_before_intent")
+    if agent.book is not None and not again:
+        agent.book.begin(event, nonce)  # before the air
+    if not again:
+        agent.pending[nonce] = event
+    fault_point("edge_after_intent")
+    symbols = np.ascontiguousarray(local.upload.symbols, dtype="<c16")
+    fields = {**upload_fields(t, nonce, local, int(symbols.size)), "on_air": False,
+              "tx_report": None}
+    agent.last_sent = (nonce, fields, symbols.tobytes())
+    send(agent, client, "upload", fields, agent.last_sent[2])
+    agent.adopted.discard(nonce)
+    agent.uploads += 1
+
+
+def keep_update(agent: AgentView, t: int, nonce: str, w: np.ndarray,
+                update: np.ndarray | None) -> None:
+    """``--keep-updates``: write round ``t``'s model and noisy differential
+    (``updates/round-T-NONCE.npz``, float64 ``w`` and ``update``, shape ``(d,)``).
+
+    Parameters
+    ----------
+    agent
+        The agent (its ``keep_updates`` and ``state_dir``).
+    t, nonce
+        The ``round`` request trained for.
+    w
+        The model it trained from.
+    update
+        Its noisy differential (``None``: nothing is written).
+    """
+    if not agent.keep_updates or update is None:
+        return
+    buf = io.BytesIO()
+    np.savez(buf, w=np.asarray(w, np.float64), update=np.asarray(update, np.float64),
+             round=np.int64(t))
+    folder = agent.state_dir / "updates"
+    folder.mkdir(exist_ok=True)
+    atomic_write_bytes(folder / f"round-{t}-{nonce}.npz", buf.getvalue())

@@ -12,7 +12,7 @@ from aggregator.outcome import exit_code, trust_fields
 from aggregator.peer_accounting import peer_report
 from aggregator.solver.calibration import uploads_to_target
 from aggregator.state import RunState
-from testbed.core.links import link_name
+from testbed.core.config.link import link_name
 
 
 def summary(

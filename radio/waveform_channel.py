@@ -140,47 +140,6 @@ class _Rotator:
         return self._buf.reshape(-1)[:m]
 
 
-def complex_gaussian(out: np.ndarray, noise_var: float, rng: np.random.Generator) -> None:
-    """Fill ``out`` with circular complex Gaussian noise, ``E|n|^2 = noise_var``.
-
-    Polar (Box-Muller) form, one 64-bit draw of ``rng`` per sample: ``|n|^2 = -N0 ln u``
-    (exponential, from the upper 32 bits) and a uniform phase (the lower 32 bits); real and
-    imaginary parts are then independent ``N(0, N0 / 2)``. Single precision; ``u >= 2^-33``
-    bounds ``|n|^2 <= 22.9 N0`` (exceeded with probability ``1e-10`` per sample).
-
-    Parameters
-    ----------
-    out
-        ``complex64``, shape ``(n,)``, contiguous; overwritten.
-    noise_var
-        ``N0`` per complex sample (> 0).
-    rng
-        Channel generator.
-    """
-    n = out.size
-    flat = out.view(np.float32)
-    radius, phase, cos = (np.empty(min(n, _CHUNK), dtype=np.float32) for _ in range(3))
-    neg_n0 = np.float32(-noise_var)
-    for c0 in range(0, n, _CHUNK):
-        m = min(_CHUNK, n - c0)
-        bits = rng.integers(0, 2**64 - 1, size=m, dtype=np.uint64, endpoint=True)
-        halves = bits.view(np.uint32).reshape(m, 2)
-        r, ph, c = radius[:m], phase[:m], cos[:m]
-        np.multiply(halves[:, 0], np.float32(2.0**-32), out=r, dtype=np.float32)
-        r += np.float32(2.0**-33)
-        np.log(r, out=r)
-        r *= neg_n0
-        np.sqrt(r, out=r)
-        np.multiply(halves[:, 1], np.float32(2 * np.pi * 2.0**-32), out=ph, dtype=np.float32)
-        # Contiguous cos / sin (their fast loops), then one interleaving copy each.
-        np.cos(ph, out=c)
-        np.sin(ph, out=ph)
-        c *= r
-        ph *= r
-        flat[2 * c0 : 2 * (c0 + m) : 2] = c
-        flat[2 * c0 + 1 : 2 * (c0 + m) : 2] = ph
-
-
 def fading_gains(
     params: EmulatorParams, n: int, sample_rate_hz: float, rng: np.random.Generator
 ) -> np.ndarray:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from radio.channel_noise import complex_gaussian
 from radio.pulse import sample_at, sample_line
-from radio.waveform_channel import _CHUNK, EmulatorParams, _Rotator, complex_gaussian, emulate
+from radio.waveform_channel import _CHUNK, EmulatorParams, _Rotator, emulate
 
 
 def _band_limited(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -34,8 +34,8 @@ import numpy as np
 from radio.channel_noise import SEEDED, ChannelNoise
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.link import link_name
 from testbed.core.config.loader import ConfigError
-from testbed.core.links import link_name
 from testbed.core.noise import gaussian
 from testbed.core.schemes import SCHEMES
 

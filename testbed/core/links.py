@@ -10,6 +10,7 @@ from radio.symbol_link import ChannelParams, SymbolLink
 from radio.waveform_channel import EmulatorParams
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.link import link_name
 from testbed.core.config.loader import ConfigError
 
 #: Links that carry I/Q samples and can therefore record them (``record: true``).
@@ -62,11 +63,6 @@ def emulator_params(hw: HardwareConfig) -> EmulatorParams:
         sro_ppm=w.sro_ppm,
         tail_samples=w.tail_samples,
     )
-
-
-def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:
-    """The link in force: the experiment's ``link`` key, else the hardware config's."""
-    return exp.link or hw.link
 
 
 def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool) -> None:

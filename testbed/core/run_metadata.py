@@ -13,8 +13,8 @@ import torch
 from testbed.core.channel_credit import channel_noise_source
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.link import link_name
 from testbed.core.config.loader import dump_yaml
-from testbed.core.links import link_name
 from testbed.core.recovery import config_pin
 from testbed.core.rundir import RunDir
 from testbed.core.seeding import Stream, new_run_secret

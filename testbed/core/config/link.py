@@ -1,0 +1,11 @@
+"""Which link a run uses: the experiment's choice over its hardware config's."""
+
+from __future__ import annotations
+
+from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.config.hardware import HardwareConfig
+
+
+def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:
+    """The link in force: the experiment's ``link`` key, else the hardware config's."""
+    return exp.link or hw.link

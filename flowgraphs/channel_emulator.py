@@ -9,12 +9,19 @@ Stream path::
     zeromq.pull_source --+--> channels.fading_model --> x fading_on ------+
                          |                                               +--> add -->
                          +------------------------------> x (1 - fading_on) +
-    --> channels.channel_model (noise_voltage, frequency_offset, epsilon, noise_seed)
-    --> zeromq.push_sink
+    --> channels.channel_model (frequency_offset, epsilon; noise_voltage, noise_seed)
+    --> [csprng_noise_adder (noise_voltage)] --> zeromq.push_sink
+
+``noise_source``: ``fast`` adds ``channel_model``'s own noise (GNU Radio's fast noise
+source: a table pre-drawn from ``noise_seed`` and replayed; reproducible, never credited as
+privacy noise); ``csprng`` sets ``channel_model``'s noise to 0 and adds
+:class:`csprng_noise.csprng_noise_adder` after it, every sample drawn fresh from the OS
+CSPRNG (what a run that credits channel noise uses).
 
 Every parameter has a get/set pair; the XML-RPC server exposes them (and the sample counters
 ``get_samples_in`` / ``get_samples_out``) to the controlling process, as GRC's XMLRPC Server
-block does. The same graph as a GRC file: ``channel_emulator.grc``.
+block does. The same graph as a GRC file: ``channel_emulator.grc`` (the ``fast`` noise path;
+the ``csprng`` source is this directory's Python block).
 
 ``noise_voltage`` is the standard deviation of the complex noise per sample
 (``E|n|^2 = noise_voltage**2``); ``frequency_offset`` is normalised to the sample rate.
@@ -30,7 +37,10 @@ import threading
 import time
 from xmlrpc.server import SimpleXMLRPCServer
 
+from csprng_noise import csprng_noise_adder
 from gnuradio import blocks, channels, gr, zeromq
+
+NOISE_SOURCES = ("fast", "csprng")
 
 
 class channel_emulator(gr.top_block):  # noqa: N801 - GRC naming convention
@@ -52,8 +62,12 @@ class channel_emulator(gr.top_block):  # noqa: N801 - GRC naming convention
         k_factor: float = 4.0,
         fading_seed: int = 0,
         hwm: int = -1,
+        noise_source: str = "fast",
     ) -> None:
         gr.top_block.__init__(self, "channel_emulator", catch_exceptions=True)
+        if noise_source not in NOISE_SOURCES:
+            raise ValueError(f"noise_source: got {noise_source!r}; allowed: fast, csprng")
+        self.noise_source = noise_source
         self.in_address = in_address
         self.out_address = out_address
         self.samp_rate = samp_rate
@@ -73,8 +87,9 @@ class channel_emulator(gr.top_block):  # noqa: N801 - GRC naming convention
         self.faded_weight = blocks.multiply_const_cc(float(fading_on))
         self.direct_weight = blocks.multiply_const_cc(1.0 - float(fading_on))
         self.adder = blocks.add_vcc(1)
+        self.csprng = csprng_noise_adder(noise_voltage) if noise_source == "csprng" else None
         self.channel = channels.channel_model(
-            noise_voltage=noise_voltage,
+            noise_voltage=noise_voltage if self.csprng is None else 0.0,
             frequency_offset=frequency_offset,
             epsilon=epsilon,
             taps=[1.0 + 0.0j],
@@ -89,7 +104,11 @@ class channel_emulator(gr.top_block):  # noqa: N801 - GRC naming convention
         self.connect((self.faded_weight, 0), (self.adder, 0))
         self.connect((self.direct_weight, 0), (self.adder, 1))
         self.connect((self.adder, 0), (self.channel, 0))
-        self.connect((self.channel, 0), (self.sink, 0))
+        if self.csprng is None:
+            self.connect((self.channel, 0), (self.sink, 0))
+        else:
+            self.connect((self.channel, 0), (self.csprng, 0))
+            self.connect((self.csprng, 0), (self.sink, 0))
 
         self.xmlrpc_server = None
         if xmlrpc_port:
@@ -114,7 +133,10 @@ class channel_emulator(gr.top_block):  # noqa: N801 - GRC naming convention
 
     def set_noise_voltage(self, noise_voltage: float) -> None:
         self.noise_voltage = float(noise_voltage)
-        self.channel.set_noise_voltage(self.noise_voltage)
+        if self.csprng is None:
+            self.channel.set_noise_voltage(self.noise_voltage)
+        else:
+            self.csprng.set_noise_voltage(self.noise_voltage)
 
     def get_frequency_offset(self) -> float:
         return self.frequency_offset
@@ -167,6 +189,10 @@ class channel_emulator(gr.top_block):  # noqa: N801 - GRC naming convention
         """Samples the ZMQ sink has consumed so far."""
         return float(self.sink.nitems_read(0))
 
+    def get_noise_source(self) -> str:
+        """``fast`` or ``csprng`` (fixed when the flowgraph is built)."""
+        return self.noise_source
+
     def ping(self) -> str:
         return "channel_emulator"
 
@@ -187,6 +213,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--k-factor", type=float, default=4.0, help="Rician K (linear)")
     p.add_argument("--fading-seed", type=int, default=0, help="fading seed")
     p.add_argument("--hwm", type=int, default=-1, help="ZMQ high-water mark (-1: default)")
+    p.add_argument("--noise-source", default="fast", choices=NOISE_SOURCES,
+                   help="fast: channel_model's seeded table; csprng: fresh from the OS CSPRNG")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     p.add_argument("--build-only", action="store_true", help="construct, then exit 0")
     return p
@@ -209,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         k_factor=args.k_factor,
         fading_seed=args.fading_seed,
         hwm=args.hwm,
+        noise_source=args.noise_source,
     )
     if args.build_only:
         print("channel_emulator: built", flush=True)

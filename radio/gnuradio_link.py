@@ -5,12 +5,22 @@ The flowgraph ``flowgraphs/channel_emulator.py`` (``channels.fading_model`` then
 PUSH/PULL (:mod:`radio.zmq_stream`) and parameters over XML-RPC. Per upload the link sets
 the device's noise voltage (``sqrt(N0)`` per sample, see :mod:`radio.waveform_channel`) and
 frequency offset, prepends a random delay, streams the frame, and demodulates what comes
-back. The channel noise comes from GNU Radio's generator (``noise_seed``), so a run is
-reproducible only as a whole sequence of uploads. That noise is ``channel_model``'s fast
-noise source, a table of samples pre-drawn from ``noise_seed`` and replayed: anyone with the
-run directory can regenerate it, so it is not secret (:attr:`GnuradioLink.noise_is_secret`
-is ``False``) and a run over this link credits no channel noise until the flowgraph draws
-true Gaussian noise from a secret source.
+back.
+
+The channel noise comes from one of two sources in the flowgraph (``noise``):
+
+* ``fast``: ``channel_model``'s own fast noise source, a table of samples pre-drawn from
+  ``noise_seed`` and replayed. A run is then reproducible as a whole sequence of uploads,
+  but anyone with the run directory can regenerate the noise: it is not secret
+  (:attr:`GnuradioLink.noise_is_secret` is ``False``) and never credited.
+* ``csprng``: every noise sample drawn fresh from the OS CSPRNG in the flowgraph process
+  (``flowgraphs/csprng_noise.py``, the devices' own Gaussian sampler, added in the same
+  work call as the signal passes); nothing in a run regenerates it, so it is secret
+  (``noise_is_secret``). Its statistics are tested (``tests/test_flowgraph_noise.py``).
+  ``testbed run`` still builds this link with ``fast`` (:func:`testbed.core.links.make_link`):
+  a credit on a link whose channel is known only after reception needs a budget gate
+  before transmission that can count channel noise, which the testbed does not have yet
+  (docs/radio.md, "Secret noise over the gnuradio link").
 
 A frame that is not found, or an upload only partly back in time, is a lost upload
 (:class:`~radio.link.LinkError`); a flowgraph that failed to start, exited, or whose output
@@ -44,6 +54,8 @@ from radio.zmq_stream import SampleStream, StreamBroken, StreamTimeout
 #: noise and carrier sources run ahead of the signal by up to a buffer (measured: a
 #: change shows after at most ~16k samples; 64k leaves a wide margin).
 SETTLE_SAMPLES = 65536
+#: The flowgraph's noise sources (``flowgraphs/channel_emulator.py --noise-source``).
+NOISE_SOURCES = ("fast", "csprng")
 
 
 class GnuradioLink(FrameLink):
@@ -59,8 +71,10 @@ class GnuradioLink(FrameLink):
         ``cfo_hz``, ``cfo_spread_hz``, ``delay_max_samples``, ``tail_samples``,
         ``speed_kmh`` and ``carrier_hz`` (Doppler) are used; ``sro_ppm`` must be 0 (sample
         accounting is exact only at equal clocks).
+    noise
+        ``fast`` (GNU Radio's seeded noise table) or ``csprng`` (fresh from the OS CSPRNG).
     noise_seed, fading_seed
-        Seeds of GNU Radio's noise and fading generators.
+        Seeds of GNU Radio's noise (``fast`` only) and fading generators.
     python
         Interpreter that runs the flowgraph.
     startup_timeout_s
@@ -83,6 +97,7 @@ class GnuradioLink(FrameLink):
         waveform: WaveformParams,
         emulator: EmulatorParams | None = None,
         *,
+        noise: str = "fast",
         noise_seed: int = 0,
         fading_seed: int = 0,
         python: str = SYSTEM_PYTHON,
@@ -90,7 +105,10 @@ class GnuradioLink(FrameLink):
         log_dir: Path | None = None,
         **kwargs: object,
     ) -> None:
+        if noise not in NOISE_SOURCES:
+            raise ValueError(f"noise: got {noise!r}; allowed: {', '.join(NOISE_SOURCES)}")
         super().__init__(waveform, **kwargs)  # type: ignore[arg-type]
+        self.noise = noise
         self.channel = channel
         self.emulator = emulator or EmulatorParams()
         if self.emulator.sro_ppm != 0.0:
@@ -115,6 +133,7 @@ class GnuradioLink(FrameLink):
             "--in-address", self.stream.in_address,
             "--out-address", out_address,
             "--samp-rate", repr(fs),
+            "--noise-source", noise,
             "--noise-seed", str(int(noise_seed)),
             "--fading-on", "0" if fading == "none" else "1",
             "--fdts", repr(fdts),
@@ -141,8 +160,9 @@ class GnuradioLink(FrameLink):
 
     @property
     def noise_is_secret(self) -> bool:
-        """``False``: GNU Radio's seeded fast noise table is never credited."""
-        return False
+        """``True`` with the ``csprng`` noise source; GNU Radio's seeded fast noise table
+        (``fast``) is never credited."""
+        return self.noise == "csprng"
 
     def _set(self, method: str, value: float) -> None:
         assert self.process is not None

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,8 @@ def estimate_from_pilots(
     dof = 2 * n_blocks * (npb - 1)
     alpha = 1.0 - confidence
     n0 = 2.0 * rss / dof
+    from scipy import stats  # imported on use: it costs every CLI process 0.25 s
+
     lower = 2.0 * rss / float(stats.chi2.ppf(1.0 - alpha / 2.0, dof))
     upper = 2.0 * rss / float(stats.chi2.ppf(alpha / 2.0, dof))
     radius = np.sqrt(upper / npb * -np.log(alpha / n_blocks))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from scipy import signal
 
 
 def rrc_taps(samples_per_symbol: int, rolloff: float, span_symbols: int) -> np.ndarray:
@@ -66,6 +65,7 @@ def shape(symbols: np.ndarray, taps: np.ndarray, samples_per_symbol: int) -> np.
         ``complex128``, shape ``((n - 1) * sps + len(taps),)``.
     """
     x = np.asarray(symbols, dtype=np.complex128)
+    from scipy import signal  # imported on use: it costs every CLI process 0.6 s
     return signal.upfirdn(taps, x, up=samples_per_symbol)
 
 
@@ -74,6 +74,7 @@ def matched_filter(samples: np.ndarray, taps: np.ndarray) -> np.ndarray:
 
     A symbol peaking at input sample ``m`` peaks at output sample ``m + (len(taps) - 1) // 2``.
     """
+    from scipy import signal  # imported on use: it costs every CLI process 0.6 s
     return signal.oaconvolve(np.asarray(samples, dtype=np.complex128), taps, mode="full")
 
 
@@ -105,6 +106,7 @@ def sample_at(x: np.ndarray, positions: np.ndarray, upsample: int = 8) -> np.nda
         )
     lo = max(int(np.floor(pos.min())) - 16, 0)
     hi = min(int(np.ceil(pos.max())) + 17, x.size)
+    from scipy import signal  # imported on use: it costs every CLI process 0.6 s
     fine = signal.resample_poly(np.asarray(x[lo:hi], dtype=np.complex128), upsample, 1)
     grid = np.arange(fine.size, dtype=np.float64)
     at = (pos - lo) * upsample
@@ -181,6 +183,7 @@ def _phase_taps(upsample: int) -> tuple[np.ndarray, int]:
     c = 64
     impulse = np.zeros(2 * c + 1)
     impulse[c] = 1.0
+    from scipy import signal  # imported on use: it costs every CLI process 0.6 s
     fine = signal.resample_poly(impulse, upsample, 1)
     e = np.arange(-c // 2, c // 2 + 1)
     q = np.arange(upsample + 1)

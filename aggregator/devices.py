@@ -201,9 +201,10 @@ class Devices(Protocol):
     def acknowledge(self, t: int, i: int, nonce: str | None, event: PrivacyEvent) -> None:
         """Tell device ``i`` its upload of round ``t`` is settled, as recorded (``event``)."""
 
-    def end_round(self, t: int, line: dict[str, Any]) -> None:
-        """After round ``t``'s uploads are settled: add the device side's fields to the
-        metrics ``line``; raise a failure held back until every upload was settled."""
+    def end_round(self, t: int) -> dict[str, Any]:
+        """After round ``t``'s uploads are settled and before the round is closed: the
+        device side's fields for the metrics line (the TDMA guard); raises a failure held
+        back until every upload was settled (a dead receiver)."""
 
     def secure_round(
         self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],

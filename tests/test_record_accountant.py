@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from opacus.accountants import RDPAccountant as OpacusRDP
 from opacus.accountants.analysis.rdp import compute_rdp as opacus_compute_rdp
@@ -313,6 +313,11 @@ def test_gated_record_events_never_exceed_the_target_rdp(targets: list[float],
 @settings(max_examples=6, deadline=None)
 @given(targets=st.lists(st.floats(0.05, 8.0), min_size=3, max_size=3),
        schedule=schedule_strategy(8))
+# found by this test: a credit through a gain of 1e-174 made z ~ 1e170, and dp_accounting's
+# Gaussian privacy loss overflowed (OverflowError) instead of giving an epsilon
+@example(targets=[1.0, 1.0, 1.0], schedule=[
+    (0, 0.03125, 0.0, 0.0, 1, False), (0, 0.03125, 0.0, 0.0, 1, False),
+    (0, 0.03125, 1.6981383867030058e-174, 1.175494351e-38, 1, False)])
 def test_gated_record_events_never_exceed_the_target_pld(targets: list[float],
                                                          schedule: list[tuple]) -> None:
     run_guarded("pld", targets, schedule)
@@ -429,3 +434,20 @@ def test_accountant_refuses_wrong_inputs() -> None:
         with pytest.raises(ValueError):
             RecordAccountant(**bad)  # type: ignore[arg-type]
     assert acc.epsilon(9).epsilon == 0.0
+
+
+@pytest.mark.parametrize("q", [1.0, 0.05])
+def test_a_huge_noise_multiplier_is_accounted_as_the_largest_the_pld_engine_takes(
+    q: float,
+) -> None:
+    """z beyond PLD_MAX_NOISE_MULTIPLIER (where dp_accounting overflows) is accounted as that
+    z: a finite epsilon, no less than the one of the clamped z, and about 0."""
+    from testbed.core.privacy.record_compose import PLD_MAX_NOISE_MULTIPLIER
+
+    acc = RecordAccountant("pld", DELTA)
+    # z = 60 sigma = 6e154: its square overflows a float
+    huge = acc.epsilon_if(0, event(round=0, device=0, sigma=1e153, amplified=q < 1, steps=1))
+    clamp = acc.epsilon_if(0, event(round=0, device=0, sigma=PLD_MAX_NOISE_MULTIPLIER / 60,
+                                    amplified=q < 1, steps=1))
+    assert math.isfinite(huge.epsilon) and huge.epsilon >= clamp.epsilon - 1e-12
+    assert huge.epsilon < 1e-3

@@ -74,6 +74,14 @@ def _laplace_key(b: float, count: int) -> ContributionKey:
     return ("laplace", float(b), int(count))
 
 
+#: Noise multipliers above this are accounted as this one in the PLD engine: dp_accounting's
+#: Gaussian privacy loss divides by the squared standard deviation, which overflows a float
+#: near 1.3e154 (a channel credit through a gain of 1e-174 gives such a z). Accounting for
+#: less noise than there is can only raise epsilon; at z = 1e100 the privacy loss of a step
+#: is about 1e-200 nats, far below the PLD grid.
+PLD_MAX_NOISE_MULTIPLIER = 1e100
+
+
 class RdpEngine:
     """RDP curves over :data:`~testbed.core.privacy.record_rdp.ORDERS`.
 
@@ -215,6 +223,7 @@ class PldEngine:
             return NON_PRIVATE
         if math.isinf(z):
             return self.identity()
+        z = min(z, PLD_MAX_NOISE_MULTIPLIER)  # less noise than there is: never less epsilon
         if q == 1:
             # as dp_accounting's PLDAccountant for a GaussianDpEvent composed `steps` times
             sd = z / math.sqrt(steps)

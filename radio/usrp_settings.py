@@ -38,6 +38,8 @@ class DeviceRadio:
         Default lead of a burst ahead of the USRP's current time (s).
     python
         Interpreter with GNU Radio and UHD.
+    air_address
+        A virtual device's air (where its bursts go; ``""`` for a real USRP).
     """
 
     device: int
@@ -55,6 +57,7 @@ class DeviceRadio:
     time_source: str
     burst_lead_s: float
     python: str
+    air_address: str = ""
 
     @property
     def from_fallback(self) -> bool:
@@ -66,6 +69,12 @@ class DeviceRadio:
         """Whether the time source aligns this USRP with the others (PPS, MIMO, GPS)."""
         return self.time_source in SHARED_TIME_SOURCES
 
+    @property
+    def virtual(self) -> bool:
+        """Whether the device args name a virtual device (:mod:`radio.virtual_device`)."""
+        from radio.virtual_device import is_virtual
+
+        return is_virtual(self.tx_args)
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,8 @@ class ReceiverRadio:
         Interpreter with GNU Radio and UHD.
     ring_seconds
         Received samples kept in memory (s); a round's TDMA schedule must fit.
+    air_address
+        A virtual receiver's air (where its stream comes from; ``""`` for a real USRP).
     """
 
     rx_args: str
@@ -95,8 +106,16 @@ class ReceiverRadio:
     time_source: str
     python: str
     ring_seconds: float = 4.0
+    air_address: str = ""
 
     @property
     def shared_time(self) -> bool:
         """Whether the time source aligns this USRP with the devices' (PPS, MIMO, GPS)."""
         return self.time_source in SHARED_TIME_SOURCES
+
+    @property
+    def virtual(self) -> bool:
+        """Whether the device args name a virtual device (:mod:`radio.virtual_device`)."""
+        from radio.virtual_device import is_virtual
+
+        return is_virtual(self.rx_args)

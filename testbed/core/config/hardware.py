@@ -35,7 +35,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
+from radio.virtual_device import VirtualArgs, is_virtual
 from testbed.core.config.errors import ConfigError
+from testbed.core.config.virtual_air import VirtualAirSection
 
 #: Largest device id a hardware config may name.
 MAX_DEVICE_ID = 65535
@@ -217,6 +219,7 @@ class HardwareConfig(_Strict):
     waveform: WaveformSection = WaveformSection()
     gnuradio: GnuradioSection = GnuradioSection()
     usrp: UsrpSection = UsrpSection()
+    virtual_air: VirtualAirSection = VirtualAirSection()
 
     @field_validator("snr_sweep_db")
     @classmethod
@@ -237,7 +240,7 @@ class HardwareConfig(_Strict):
 
     @model_validator(mode="after")
     def _devices(self) -> HardwareConfig:
-        problems = device_entry_problems(self)
+        problems = device_entry_problems(self) + virtual_problems(self)
         if problems:
             raise ValueError("\nhardware config: ".join(problems))
         return self
@@ -246,6 +249,62 @@ class HardwareConfig(_Strict):
     def sample_rate_hz(self) -> float:
         """Sample rate of the waveform links (Hz)."""
         return self.symbol_rate_hz * self.waveform.samples_per_symbol
+
+    @property
+    def virtual(self) -> bool:
+        """Whether the receiver is a virtual USRP (then every radio is: the virtual lab)."""
+        return is_virtual(self.usrp.rx_args)
+
+
+def usrp_args(hw: HardwareConfig) -> list[tuple[str, str]]:
+    """Every device args string of ``hw`` with its key: ``usrp.rx_args``, ``usrp.tx_args``
+    and each ``usrp.devices[i].tx_args``."""
+    return [("usrp.rx_args", hw.usrp.rx_args), ("usrp.tx_args", hw.usrp.tx_args)] + [
+        (f"usrp.devices[{i}].tx_args", e.tx_args) for i, e in enumerate(hw.usrp.devices)
+    ]
+
+
+def virtual_problems(hw: HardwareConfig) -> list[str]:
+    """Cross-checks of virtual devices; one message per problem (empty: all fine).
+
+    A config is all virtual or all real (the receiver decides); each virtual device's args
+    parse (:class:`radio.virtual_device.VirtualArgs`); the receiver does not drift (the
+    air's timeline is its sample clock); each virtual transmitter has a
+    ``virtual_air.paths`` entry.
+    """
+    problems: list[str] = []
+    keyed = usrp_args(hw)
+    rx_virtual = is_virtual(hw.usrp.rx_args)
+    for key, args in keyed:
+        if is_virtual(args) != rx_virtual:
+            what = "virtual" if is_virtual(args) else "a real USRP"
+            rx_what = "virtual" if rx_virtual else "a real USRP"
+            problems.append(
+                f"{key}: got '{args}', {what}, while usrp.rx_args '{hw.usrp.rx_args}' is "
+                f"{rx_what}; allowed: every radio of a config virtual (type=virtual,"
+                "serial=NAME) or every radio real"
+            )
+            continue
+        if not rx_virtual:
+            continue
+        try:
+            va = VirtualArgs.parse(args)
+        except ValueError as exc:
+            problems.append(f"{key}: {exc}")
+            continue
+        if key == "usrp.rx_args":
+            if va.drift_ppm != 0:
+                problems.append(
+                    f"usrp.rx_args: drift_ppm={va.drift_ppm}; allowed: 0 (the virtual air's "
+                    "sample timeline is the receiver's clock; let the transmitters drift)"
+                )
+        elif hw.virtual_air.path(va.serial) is None:
+            listed = ", ".join(p.serial for p in hw.virtual_air.paths) or "none"
+            problems.append(
+                f"{key}: serial={va.serial} has no virtual_air.paths entry (listed: {listed}); "
+                "add one with its attenuation_db or distance_m"
+            )
+    return problems
 
 
 def device_entry_problems(hw: HardwareConfig) -> list[str]:
@@ -307,6 +366,7 @@ def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
         "symbol_rate_hz": hw.symbol_rate_hz, "tx_amplitude": u.tx_amplitude,
         "clock_source": u.clock_source, "time_source": u.time_source,
         "burst_lead_s": u.burst_lead_s, "python": hw.gnuradio.python,
+        "air_address": hw.virtual_air.burst_address if hw.virtual else "",
     }
     if not u.devices:
         return DeviceRadio(
@@ -336,4 +396,5 @@ def receiver_radio(hw: HardwareConfig) -> ReceiverRadio:
         rx_args=u.rx_args, rx_gain_db=u.rx_gain_db, rx_antenna=u.rx_antenna,
         center_freq_hz=hw.center_freq_hz, sample_rate_hz=hw.sample_rate_hz,
         clock_source=u.clock_source, time_source=u.time_source, python=hw.gnuradio.python,
+        air_address=hw.virtual_air.stream_address if hw.virtual else "",
     )

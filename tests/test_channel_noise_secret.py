@@ -21,7 +21,12 @@ import testbed.local_devices as local_devices_module
 from aggregator.outcome import trust_statement
 from radio.channel import awgn
 from radio.link import Reception
-from testbed.core.channel_credit import channel_credit, credited_config, link_noise
+from testbed.core.channel_credit import (
+    calibration_config,
+    channel_credit,
+    credited_config,
+    link_noise,
+)
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.core.links import channel_params, make_link
 from testbed.core.privacy import Ledger
@@ -144,13 +149,12 @@ def test_the_rule_in_words_and_numbers(tiny_overrides: list[str]) -> None:
     """One rule (testbed.core.channel_credit): scheme and tau ask, the link's noise decides."""
     sim = load_hardware("sim")
     gr = load_experiment(None, [*tiny_overrides, *CREDITED, "link=gnuradio"])
-    credit = channel_credit(gr, sim)
-    assert credit.fraction == 0 and "seeded" in credit.reason and "noise_seed" in credit.reason
-    settled = credited_config(gr, sim)
-    assert settled.privacy.trusted_channel_noise == 0.0
-    assert settled.model_dump() == gr.model_copy(update={"privacy": settled.privacy}).model_dump()
-    with pytest.raises(ConfigError, match="re-plan"):
-        credited_config(gr.model_copy(update={"plan": "made-for-credit.yaml"}), sim)
+    credit = channel_credit(gr, sim)  # credited: the emulator draws from the CSPRNG
+    assert credit.fraction == 1.0 and "OS CSPRNG" in credit.noise.origin
+    gr_ldp = load_experiment(None, [*tiny_overrides, *CREDITED, "link=gnuradio",
+                                    "scheme=ldp-fedavg"])
+    seeded = link_noise(gr_ldp, sim)  # not credited: the fast table, reproducible
+    assert not seeded.secret and "noise_seed" in seeded.origin
     sym = load_experiment(None, [*tiny_overrides, *CREDITED])
     assert channel_credit(sym, sim).fraction == 1.0 and credited_config(sym, sim) is sym
     usrp = load_experiment(None, [*tiny_overrides, *CREDITED, "link=usrp"])
@@ -174,27 +178,57 @@ def test_trust_statement_says_it_once() -> None:
     assert "epsilon_no_channel" not in none
 
 
-def test_gnuradio_run_credits_no_channel_noise(
+def test_gnuradio_run_credits_csprng_noise_after_reception(
     tmp_path: Path, tiny_overrides: list[str]
 ) -> None:
-    """GNU Radio's noise is a seeded table: zero credit in every event and in the summary,
-    the artificial noise calibrated without it, enforced epsilon = no-channel epsilon."""
+    """A credited run on the GNU Radio emulator: its noise comes from csprng_noise_adder
+    (not the seeded fast table), the artificial noise alone meets the target, and the
+    noise measured in each received frame is credited afterwards."""
     require_gnuradio()
     cfg = load_experiment(None, [*tiny_overrides, *CREDITED, "link=gnuradio", "rounds=2"])
+    with make_link(cfg, load_hardware("sim")) as lk:
+        assert lk.noise == "csprng" and lk.noise_is_secret
     summary = run_experiment(cfg, tmp_path / "run")
     assert summary["status"] == "completed", summary
     with Ledger.open(tmp_path / "run" / "ledger.jsonl") as ledger:
         events = ledger.events()
     assert len(events) == cfg.devices * cfg.rounds
-    assert all(e.trusted_channel_noise == 0.0 and not e.channel_credited for e in events)
-    privacy = summary["privacy"]
-    channel = privacy["channel_noise"]
-    assert channel["credited_fraction"] == 0 and not channel["secret"]
-    assert "seeded" in channel["reason"] and "noise_seed" in channel["source"]
-    assert "No channel noise is credited" in privacy["trust"] and "seeded" in privacy["trust"]
-    for dev in privacy["devices"]:
-        assert dev["trusted_channel_noise"] == 0 and not dev["channel_credited"]
-        assert dev["epsilon"] == pytest.approx(dev["epsilon_no_channel"], rel=1e-9)
-        assert dev["epsilon"] <= 3.0
+    assert all(e.trusted_channel_noise == 1.0 and e.channel_credited and e.n0 > 0
+               for e in events)
+    channel = summary["privacy"]["channel_noise"]
+    assert channel["credited_fraction"] == 1.0 and channel["secret"]
+    assert "csprng_noise_adder" in channel["source"]
+    for dev in summary["privacy"]["devices"]:
+        assert dev["epsilon_no_channel"] <= 3.0 * (1 + 1e-9)
+        assert dev["epsilon"] < dev["epsilon_no_channel"]
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
-    assert "not credited" in meta["channel_noise_source"]
+    assert "credited (fraction 1)" in meta["channel_noise_source"]
+
+
+def test_estimated_link_credits_the_measured_noise_after_reception(
+    tmp_path: Path, tiny_overrides: list[str]
+) -> None:
+    """Before the fix a credited record-level run on the waveform link ended
+    ``budget_exhausted`` at round 0: sigma was calibrated with the credit, the gate before
+    transmission (no channel state yet) could count none. Now the noise alone meets the
+    target on such links, every event carries the trusted fraction, and the noise measured
+    in each received frame is credited afterwards: spent epsilon below the no-channel one."""
+    over = [*tiny_overrides, *CREDITED, "link=waveform", "rounds=2"]
+    cfg = load_experiment(None, over)
+    sim = load_hardware("sim")
+    assert calibration_config(cfg, sim).privacy.trusted_channel_noise == 0.0
+    assert calibration_config(load_experiment(None, [*tiny_overrides, *CREDITED]), sim) \
+        .privacy.trusted_channel_noise == 1.0  # the symbol link knows its state beforehand
+    with pytest.raises(ConfigError, match="only from the received frame"):
+        calibration_config(cfg.model_copy(update={"plan": "made-for-credit.yaml"}), sim)
+    summary = run_experiment(cfg, tmp_path / "run")
+    assert summary["status"] == "completed", summary
+    with Ledger.open(tmp_path / "run" / "ledger.jsonl") as ledger:
+        events = ledger.events()
+    assert len(events) == cfg.devices * cfg.rounds
+    assert all(e.trusted_channel_noise == 1.0 and e.channel_credited and e.n0 > 0
+               for e in events)
+    for dev in summary["privacy"]["devices"]:
+        assert dev["channel_credited"] and dev["trusted_channel_noise"] == 1.0
+        assert dev["epsilon_no_channel"] <= 3.0 * (1 + 1e-9)  # the noise alone meets it
+        assert dev["epsilon"] < dev["epsilon_no_channel"]  # and the channel's counted too

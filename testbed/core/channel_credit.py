@@ -7,7 +7,8 @@ channel noise at the aggregator's receiver only when
 2. and the link's noise is secret (:attr:`radio.link.Link.noise_is_secret`): physical
    receiver noise (``usrp``), or simulated noise drawn from the OS CSPRNG
    (:class:`CsprngChannelNoise`, given to the ``symbol`` and ``waveform`` links of such a
-   run).
+   run; ``flowgraphs/csprng_noise.py`` in the ``gnuradio`` emulator of such a run; the
+   virtual air's thermal noise on virtual USRPs).
 
 Otherwise the run credits 0, for the whole run: :func:`credited_config` is the config every
 device's settings are resolved from (:func:`testbed.core.run_setup.device_settings`, on the
@@ -15,11 +16,26 @@ aggregator and on every edge), so the artificial noise is calibrated to meet the
 no channel noise, every upload's event carries ``trusted_channel_noise = 0``, and the
 summary says why (:func:`channel_noise_report`). Seeded noise, which anyone holding the run
 directory can regenerate (the channel generator spawned from ``seed``; GNU Radio's fast
-noise table seeded by ``noise_seed``), is never credited.
+noise table seeded by ``noise_seed``, used only by runs that credit nothing), is never
+credited.
 
 A run that credits nothing keeps the seeded noise: it stays bit-reproducible from its seed.
 The record unit adds its own conditions on top (no credit through a quantizer or with noise
 at every local step; :mod:`testbed.core.record_schemes`).
+
+**When the credit is known.** On the ``symbol`` link the channel state is known before the
+upload leaves (``probe``), so the artificial noise is calibrated *with* the credit at the
+configured SNR and the budget gate checks the credit it will get. On the links whose
+receiver estimates ``N0`` from the frame's pilots (:data:`ESTIMATED_LINKS`: ``waveform``,
+``gnuradio``, ``usrp``, virtual or real), the credited noise (a lower confidence bound
+from the received frame) exists only after reception, and the gate before transmission
+can count none. Calibrating with a credit the gate cannot see would refuse every upload
+(``budget_exhausted`` at round 0). So on those links the artificial noise is calibrated
+**without** the credit (:func:`calibration_config`: it alone meets the target), and each
+upload's event still carries the trusted fraction: the channel noise measured in the
+received frame is credited **after the fact**, and the epsilon spent comes out below the
+target (the summary reports it with and without the credit). A plan that assumed the credit
+is refused on those links.
 """
 
 from __future__ import annotations
@@ -106,12 +122,28 @@ def noise_source(cfg: ExperimentConfig) -> ChannelNoise:
     return CSPRNG_NOISE if wants_channel_credit(cfg) else SEEDED
 
 
+#: Links whose receiver learns the channel (``N0``, gain) only from the received frame.
+ESTIMATED_LINKS = ("waveform", "gnuradio", "usrp")
+
+
 def link_noise(cfg: ExperimentConfig, hw: HardwareConfig) -> LinkNoise:
     """The noise of the link :func:`testbed.core.links.make_link` builds for ``cfg`` on ``hw``
     (``make_link`` checks that the link's :attr:`~radio.link.Link.noise_is_secret` agrees)."""
     name = link_name(cfg, hw)
+    if name == "usrp" and hw.virtual:
+        return LinkNoise(
+            True,
+            "thermal noise of the virtual air (testbed air), every sample drawn fresh from "
+            "the OS CSPRNG like the privacy noise, never from a seed",
+        )
     if name == "usrp":
         return LinkNoise(True, "physical receiver noise of the USRP")
+    if name == "gnuradio" and wants_channel_credit(cfg):
+        return LinkNoise(
+            True,
+            "GNU Radio channel emulator with csprng_noise_adder: every sample drawn fresh "
+            "from the OS CSPRNG like the privacy noise (channel_model's own noise off)",
+        )
     if name == "gnuradio":
         return LinkNoise(
             False,
@@ -182,6 +214,38 @@ def credited_config(cfg: ExperimentConfig, hw: HardwareConfig) -> ExperimentConf
             "is secret (symbol, waveform, usrp)"
         )
     privacy = cfg.privacy.model_copy(update={"trusted_channel_noise": credit.fraction})
+    return cfg.model_copy(update={"privacy": privacy})
+
+
+def credited_after_reception(cfg: ExperimentConfig, hw: HardwareConfig) -> bool:
+    """Whether the run credits channel noise measured only after reception (a credit on
+    one of :data:`ESTIMATED_LINKS`; the module docstring)."""
+    return channel_credit(cfg, hw).fraction > 0 and link_name(cfg, hw) in ESTIMATED_LINKS
+
+
+def calibration_config(cfg: ExperimentConfig, hw: HardwareConfig) -> ExperimentConfig:
+    """The config the artificial noise is calibrated from: :func:`credited_config`, and on
+    a link that credits only after reception, no credit (``trusted_channel_noise = 0``).
+
+    Raises
+    ------
+    ConfigError
+        As :func:`credited_config`; or a plan that credits channel noise on a link that
+        learns it only after reception (its sigma leaned on a credit the budget gate cannot
+        count before the upload leaves).
+    """
+    cfg = credited_config(cfg, hw)
+    if not credited_after_reception(cfg, hw):
+        return cfg
+    if cfg.plan is not None:
+        raise ConfigError(
+            f"config key 'plan': plan '{cfg.plan}' calibrated its noise with a channel credit, "
+            f"but the {link_name(cfg, hw)} link learns the channel noise only from the "
+            "received frame, so the budget gate before transmission cannot count it; re-plan "
+            "with --set privacy.trusted_channel_noise=0 (the run still credits the measured "
+            "noise after reception), or use the symbol link"
+        )
+    privacy = cfg.privacy.model_copy(update={"trusted_channel_noise": 0.0})
     return cfg.model_copy(update={"privacy": privacy})
 
 

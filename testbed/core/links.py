@@ -148,12 +148,16 @@ def _build_link(
         )
     if name == "gnuradio":
         from radio.gnuradio_link import GnuradioLink
+        from testbed.core.channel_credit import wants_channel_credit
 
         g = hw.gnuradio
         return GnuradioLink(
             channel_params(exp, hw),
             waveform_params(hw),
             emulator_params(hw),
+            # Credited noise: drawn fresh from the OS CSPRNG in the flowgraph; otherwise the
+            # fast (seeded, replayed) table, reproducible from noise_seed.
+            noise="csprng" if wants_channel_credit(exp) else "fast",
             noise_seed=g.noise_seed,
             fading_seed=g.fading_seed,
             python=g.python,

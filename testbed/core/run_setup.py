@@ -4,10 +4,12 @@ aggregator and every edge agent resolve the same values, so nothing of them trav
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
-from testbed.core.channel_credit import credited_config
+from testbed.core.channel_credit import calibration_config, credited_config
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.data.datasets import Dataset, load_dataset
@@ -74,7 +76,25 @@ def device_settings(
     distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
     one calibration, not 10,000. A plan lists every device and is read as it is.
     """
-    cfg = credited_config(cfg, hw)  # seeded channel noise is never credited
+    credited = credited_config(cfg, hw)  # seeded channel noise is never credited
+    cfg = calibration_config(credited, hw)  # estimated links: credited after reception
+    if cfg is not credited:
+        # The noise alone meets the target; each event still carries the trusted fraction
+        # the scheme credits, so the noise measured in the received frame counts afterwards.
+        bare = _resolve(cfg, hw, d, dataset_sizes)
+        with_credit = _resolve(credited, hw, d, dataset_sizes)
+        uplinks = [replace(b, trusted=c.trusted) for b, c in zip(bare[0], with_credit[0],
+                                                                  strict=True)]
+        records = [None if b is None else replace(b, credit_channel=c.credit_channel)
+                   for b, c in zip(bare[1], with_credit[1], strict=True)]
+        return uplinks, records
+    return _resolve(cfg, hw, d, dataset_sizes)
+
+
+def _resolve(
+    cfg: ExperimentConfig, hw: HardwareConfig, d: int, dataset_sizes: list[int]
+) -> tuple[list[DeviceUplink], list[RecordSettings | None]]:
+    """:func:`device_settings` for a config whose channel credit is already decided."""
     unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
     n = len(dataset_sizes)
     snrs = cfg.snr_db_per_device()

@@ -40,6 +40,9 @@ from testbed.core.protocol import UploadHeader
 from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 
+#: Per-frame measurements of a slot receiver kept in the metrics line.
+SLOT_INFO = ("slot_start_s", "timing_error_s", "snr_est_db", "cfo_est_hz")
+
 
 def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, float]:
     """Per-upload channel numbers for the metrics line."""
@@ -52,7 +55,7 @@ def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, fl
         else float("inf")
     )
     h0 = complex(state.gain[0]) if state.gain.size else 0j
-    return {
+    out = {
         "snr_db": snr,
         "h_abs": abs(h0),
         "h_phase_rad": float(np.angle(h0)),
@@ -60,6 +63,9 @@ def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, fl
         "noise_var": state.noise_var,
         "airtime_s": reception.airtime_s,
     }
+    if "timing_error_s" in reception.info:  # a TDMA slot's capture: what the lab sees
+        out.update({k: float(reception.info[k]) for k in SLOT_INFO if k in reception.info})
+    return out
 
 
 def tally(

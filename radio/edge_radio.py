@@ -43,6 +43,10 @@ MAX_LEAD_S = 30.0
 MAX_LATCH_SKEW_S = 1.0
 #: Host-to-USRP readings per mapping (the fastest is used).
 CLOCK_READS = 3
+#: Seconds after a burst's end before its late report is read: a USRP reports a burst that
+#: reached it after its time (UHD's TIME_ERROR async event) when it finds it, at the latest
+#: by then; the report reaches the host within this.
+LATE_REPORT_WAIT_S = 0.1
 
 Probe = Callable[..., ProbeResult]
 
@@ -52,13 +56,18 @@ class RadioUnavailable(RuntimeError):
 
 
 def require_usrp(who: str, key: str, args: str, python: str, probe: Probe = find_usrps) -> None:
-    """Look for the USRP at ``args`` (UHD, under ``python``).
+    """Look for the USRP at ``args`` (UHD, under ``python``). A virtual device
+    (``type=virtual``, :mod:`radio.virtual_device`) is not looked for: UHD is not asked.
 
     Raises
     ------
     RadioUnavailable
         None found, or UHD not importable; names ``who``, the config ``key`` and the args.
     """
+    from radio.virtual_device import is_virtual
+
+    if is_virtual(args):
+        return
     res = probe(args, python=python)
     if res.devices:
         return
@@ -112,6 +121,10 @@ class TxReport:
     timing_uncertainty_s
         Bound (s) on how far the burst start may be from the slot start (0 with a shared
         reference; else offset plus host-to-USRP mapping uncertainty).
+    end_host_s
+        When the burst ends on this host's clock (s).
+    late_before
+        The transmitter's count of late bursts before this one was handed over.
     """
 
     device: int
@@ -121,6 +134,8 @@ class TxReport:
     tx_time_usrp_s: float
     lead_s: float
     timing_uncertainty_s: float
+    end_host_s: float = 0.0
+    late_before: int = 0
 
 
 class EdgeTransmitter:
@@ -168,6 +183,7 @@ class EdgeTransmitter:
                     time_source=radio.time_source,
                     time_epoch="host-pps" if radio.shared_time else "zero",
                     python=radio.python, log_dir=log_dir, startup_timeout_s=startup_timeout_s,
+                    air_address=radio.air_address,
                 )
             except FlowgraphError as exc:
                 raise RadioUnavailable(f"{who}: the tx flowgraph could not start: {exc}") from exc
@@ -277,12 +293,44 @@ class EdgeTransmitter:
         if lead < MIN_LEAD_S:
             raise LinkError(f"{what} not sent: due in {1e3 * lead:.1f} ms, less than the "
                             f"{1e3 * MIN_LEAD_S:.0f} ms a burst needs (slot missed)")
+        try:
+            late_before = stream.late_bursts()
+        except FlowgraphError as exc:
+            raise LinkFailed(f"device {r.device}: {exc}") from exc
         stream.send(scaled, t_usrp, f"device {r.device}", wait_s=max(lead, 1.0))
+        airtime = x.size / r.sample_rate_hz
         return TxReport(
-            device=r.device, n_samples=int(x.size), airtime_s=x.size / r.sample_rate_hz,
+            device=r.device, n_samples=int(x.size), airtime_s=airtime,
             tx_power_w=power_w, tx_time_usrp_s=t_usrp, lead_s=lead,
-            timing_uncertainty_s=uncertainty,
+            timing_uncertainty_s=uncertainty, end_host_s=t_usrp + airtime - mapping.offset_s,
+            late_before=late_before,
         )
+
+    def confirm(self, report: TxReport) -> None:
+        """Wait until the burst of ``report`` is over, then check that the USRP did not
+        report it late (a late burst never leaves: nothing of it was on the air).
+
+        Raises
+        ------
+        LinkError
+            The USRP reported the burst late (UHD's TIME_ERROR): it was not sent.
+        LinkFailed
+            The flowgraph died.
+        """
+        stream = self._stream()
+        wait = report.end_host_s + LATE_REPORT_WAIT_S - self.clock()
+        if wait > 0:
+            time.sleep(min(wait, MAX_LEAD_S))
+        try:
+            late = stream.late_bursts()
+        except FlowgraphError as exc:
+            raise LinkFailed(f"device {self.radio.device}: {exc}") from exc
+        if late > report.late_before:
+            raise LinkError(
+                f"device {self.radio.device}: burst due at USRP time "
+                f"{report.tx_time_usrp_s:.6f} s not sent: the USRP reported it late "
+                "(TIME_ERROR: it reached the device after its time)"
+            )
 
     def close(self) -> None:
         """Stop the flowgraph. Idempotent."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,7 @@ class SlotReceiver:
                     ring_seconds=radio.ring_seconds, python=radio.python, log_dir=log_dir,
                     # After a PPS latch the flowgraph still has to start: 2 s of margin.
                     start_after_s=2.0 if radio.shared_time else 1.0,
-                    startup_timeout_s=startup_timeout_s,
+                    startup_timeout_s=startup_timeout_s, air_address=radio.air_address,
                 )
             except FlowgraphError as exc:
                 raise RadioUnavailable(
@@ -191,16 +192,31 @@ class SlotReceiver:
     def receive_all(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0
     ) -> dict[int, Reception | LinkError]:
-        """:meth:`receive` then :meth:`decode` per device; a lost frame is its LinkError."""
+        """:meth:`receive` then :meth:`decode` per device; a lost frame is its LinkError.
+
+        Each reception's ``info`` also holds ``slot_start_s`` (when the burst was due,
+        schedule time base) and ``timing_error_s``: where the frame was found in its window
+        minus where it was due (s; positive: late).
+        """
         out: dict[int, Reception | LinkError] = {}
+        by_device = {s.device: s for s in slots}
+        fs = self.radio.sample_rate_hz
         for device, window in self.receive(slots, round_index=round_index).items():
             try:
-                out[device] = self.decode(window, n_payload[device], device=device,
-                                          round_index=round_index)
+                rec = self.decode(window, n_payload[device], device=device,
+                                  round_index=round_index)
             except LinkFailed:
                 raise
             except LinkError as exc:
                 out[device] = exc
+                continue
+            slot = by_device[device]
+            # The frame should start one guard into its window: the rest is timing error.
+            found_s = float(rec.info.get("timing_samples", math.nan)) / fs
+            out[device] = replace(rec, info={
+                **rec.info, "slot_start_s": slot.start_s,
+                "timing_error_s": found_s - (slot.start_s - slot.window_start_s),
+            })
         return out
 
     def close(self) -> None:

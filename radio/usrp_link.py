@@ -35,6 +35,7 @@ from radio.usrp_stream import (  # noqa: F401 - BURST_MAGIC, burst_header, _RxRi
     burst_header,
     scale_for_dac,
 )
+from radio.virtual_device import is_virtual
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class UsrpSettings:
     capture_margin_s: float = 0.02
     python: str = SYSTEM_PYTHON
     ring_seconds: float = 4.0
+    #: Virtual devices (:mod:`radio.virtual_device`): where the transmitter's bursts go and
+    #: where the receiver's stream comes from (``testbed air``); "" for real USRPs.
+    tx_air_address: str = ""
+    rx_air_address: str = ""
 
 
 class UsrpLink(FrameLink):
@@ -102,6 +107,8 @@ class UsrpLink(FrameLink):
                 f"usrp sample rate {s.sample_rate_hz} != waveform {waveform.sample_rate_hz}"
             )
         for role, args in (("transmitter", s.tx_args), ("receiver", s.rx_args)):
+            if is_virtual(args):
+                continue  # nothing to discover
             probe = find_usrps(args, python=s.python)
             if not probe.devices:
                 why = probe.message or "UHD found no device"
@@ -119,9 +126,10 @@ class UsrpLink(FrameLink):
         }
         try:
             self.rx = RxStream(device_args=s.rx_args, gain_db=s.rx_gain_db,
-                               antenna=s.rx_antenna, ring_seconds=s.ring_seconds, **radio)
+                               antenna=s.rx_antenna, ring_seconds=s.ring_seconds,
+                               air_address=s.rx_air_address, **radio)
             self.tx = TxStream(device_args=s.tx_args, gain_db=s.tx_gain_db,
-                               antenna=s.tx_antenna, **radio)
+                               antenna=s.tx_antenna, air_address=s.tx_air_address, **radio)
             self.clock_offset_s = self.rx.usrp_time_now() - self.tx.usrp_time_now()
         except FlowgraphError as exc:
             self.close()

@@ -191,11 +191,15 @@ class _FakeTx(TxStream):
     def __init__(self, clock: _Clock, usrp_minus_host: float) -> None:  # no flowgraph
         self.clock, self.d = clock, usrp_minus_host
         self.sent: list[tuple[np.ndarray, float]] = []
+        self.late = 0  # bursts the (stand-in) USRP reported late
         self.closed = False
 
     def usrp_time_now(self) -> float:
         self.clock.t += 1e-4  # each control call takes 0.1 ms
         return self.clock.t + self.d
+
+    def late_bursts(self) -> int:
+        return self.late
 
     def check_alive(self) -> None:
         pass
@@ -258,6 +262,26 @@ def test_edge_refuses_late_far_loud_and_clipped_bursts_without_sending() -> None
     with pytest.raises(LinkError, match="DAC range"):
         edge.transmit(spike, 101.0)
     assert tx.sent == []
+
+
+def test_a_burst_the_usrp_reports_late_is_not_sent() -> None:
+    """confirm() waits for the burst's end on the host clock, then reads the USRP's late
+    reports (UHD's TIME_ERROR): one more than before the burst means it never left."""
+    radio = device_radio(load_hardware("lab_ota"), 0)
+    clock = _Clock(100.0)
+    tx = _FakeTx(clock, usrp_minus_host=-90.0)
+    edge = EdgeTransmitter(radio, offset=exact(), clock=clock, stream=tx)
+    x = _burst()
+    report = edge.transmit(x, 100.5)
+    # The burst ends at host time 100.5 + airtime (the USRP is 90 s behind the host).
+    assert report.end_host_s == pytest.approx(100.5 + x.size / 1e6, abs=1e-3)
+    clock.t = report.end_host_s + 1.0  # past it: no wait
+    edge.confirm(report)  # no late report: sent
+    report = edge.transmit(x, clock.t + 0.5)
+    tx.late += 1  # the USRP found it past its time
+    clock.t = report.end_host_s + 1.0
+    with pytest.raises(LinkError, match="reported it late"):
+        edge.confirm(report)
 
 
 def test_shared_reference_passes_slot_times_through_and_checks_the_latch() -> None:

@@ -141,11 +141,15 @@ class _AirTx(TxStream):
         self.air, self.clock, self.d, self.on_send = air, clock, usrp_minus_host, on_send
         self.sent: list[tuple[np.ndarray, float]] = []
         self.dead = False
+        self.late = 0  # bursts the (stand-in) USRP reported late
         self.closed = False
 
     def usrp_time_now(self) -> float:
         self.clock.advance(1e-4)  # each control call takes 0.1 ms
         return self.clock() + self.d
+
+    def late_bursts(self) -> int:
+        return self.late
 
     def check_alive(self) -> None:
         if self.dead:

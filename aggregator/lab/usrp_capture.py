@@ -161,6 +161,26 @@ class SlotCapture:
         except LinkError as exc:  # the capture is not held: every window of it is lost
             return {i: exc for i in slots}, None
 
+    def budget_snr_db(self, i: int, tx_power_w: float) -> float | None:
+        """The SNR (dB, ``Es/N0``) device ``i``'s burst of mean power ``tx_power_w`` (W)
+        should arrive with through the virtual air's link budget (fading at its mean);
+        ``None`` on real radios (the lab measures its own)."""
+        hw = self.state.hw
+        if not hw.virtual:
+            return None
+        from radio.link_budget import budget_snr_db, path_gain
+        from radio.virtual_device import VirtualArgs
+        from testbed.core.config.hardware import device_radio
+
+        path = hw.virtual_air.path(VirtualArgs.parse(device_radio(hw, i).tx_args).serial)
+        if path is None:  # refused by the config's validation
+            return None
+        gain = path_gain(attenuation_db=path.attenuation_db, distance_m=path.distance_m,
+                         center_freq_hz=hw.center_freq_hz)
+        air = hw.virtual_air
+        return budget_snr_db(tx_power_w * gain, hw.symbol_rate_hz, air.temperature_k,
+                             air.noise_figure_db)
+
     def burst_report(self, t: int, i: int, n: int, report: dict[str, Any]
                      ) -> tuple[float, float]:
         """Device ``i``'s report of its burst of ``n`` symbols in round ``t``: the radio

@@ -4,8 +4,10 @@ On the ``usrp`` link the edge transmits its own burst on its own USRP
 (:class:`radio.edge_radio.EdgeTransmitter`), due at the ``round``'s ``tx_time_s`` (its TDMA
 slot's start, in the schedule's time base). Its intent is journalled in its ledger before the
 air; its ``upload`` then carries the header and the transmitter's report instead of the
-symbols (``on_air``). Without a shared time reference the clock offset to the aggregator is
-measured again before every burst (:mod:`edge_device.lab.clock`).
+symbols (``on_air``), sent once the burst is over and the USRP has not reported it late (a
+late burst never leaves the device, so its intent is withdrawn: nothing is charged). Without
+a shared time reference the clock offset to the aggregator is measured again before every
+burst (:mod:`edge_device.lab.clock`).
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ HOLD_MARGIN_S = 1.0
 def open_transmitter(radio: DeviceRadio, log_dir: Path) -> EdgeTransmitter:
     """The device's ``tx`` flowgraph on its own USRP (looked for first)."""
     from radio.edge_radio import EdgeTransmitter
+    from testbed.core.faults import host_clock
 
-    return EdgeTransmitter(radio, log_dir=log_dir)
+    # The clock the agent measures its offset to the aggregator with (the same host clock).
+    return EdgeTransmitter(radio, log_dir=log_dir, clock=host_clock())
 
 
 def open_air(agent: AgentView, hw: HardwareConfig) -> None:
@@ -118,6 +122,15 @@ def transmit(
         withdraw(agent, client, t, nonce, f"transmitter failed: {exc}")
         raise EdgeError(f"device {agent.device}: the transmitter failed: {exc}") from exc
     except (LinkError, ValueError) as exc:  # not sent: slot missed, power, time base
+        withdraw(agent, client, t, nonce, f"not sent: {exc}")
+        log.warning("device %d: round %d: burst not sent: %s", agent.device, t, exc)
+        return
+    try:
+        agent.air.confirm(report)  # the USRP's late report: the burst never left
+    except LinkFailed as exc:
+        withdraw(agent, client, t, nonce, f"transmitter failed: {exc}")
+        raise EdgeError(f"device {agent.device}: the transmitter failed: {exc}") from exc
+    except LinkError as exc:
         withdraw(agent, client, t, nonce, f"not sent: {exc}")
         log.warning("device %d: round %d: burst not sent: %s", agent.device, t, exc)
         return

@@ -75,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
     from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.core.faults import host_clock
     from testbed.core.lab_checks import check_endpoint, check_state_dir
 
     setup_logging()
@@ -95,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
         check_state_dir(state)
         agent = EdgeAgent(args.connect, args.device_id, args.keys, state, data_dir=args.data_dir,
                           hw=hw, max_epsilon=args.max_epsilon, rejoin_after_s=args.rejoin_after,
-                          keep_updates=args.keep_updates, join_timeout_s=args.join_timeout)
+                          keep_updates=args.keep_updates, join_timeout_s=args.join_timeout,
+                          clock=host_clock())
         return agent.run()
     except KeyboardInterrupt:
         return 130

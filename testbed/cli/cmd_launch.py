@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
     p.add_argument("--devices", type=_devices, required=True)
     p.add_argument("--out", type=Path, help="output directory (default: runs/launch-<time>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--hw", metavar="HW_CONFIG",
+                   help="hardware config for every process (the aggregator, each edge; with "
+                   "virtual radios also the virtual air): written resolved to OUT/hw.yaml")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
@@ -56,15 +59,17 @@ def _run(args: argparse.Namespace) -> int:
     from testbed.lab.launch import launch
 
     # Validate here, before any process starts (the error names the key).
-    cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}"])
+    cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}",
+                                        *([f"hw_config={args.hw}"] if args.hw else [])])
     load_hardware(cfg.hw_config, args.hw_overrides)
     out = args.out or default_run_path("launch")
     try:
         code = launch(args.config, args.devices, out, overrides=args.overrides,
-                      hw_overrides=args.hw_overrides, round_timeout_s=args.round_timeout,
+                      hw_overrides=args.hw_overrides, hw_config=args.hw,
+                      round_timeout_s=args.round_timeout,
                       join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance,
                       phase_timeout_s=args.phase_timeout)
-    except (FileExistsError, TimeoutError) as exc:
+    except (FileExistsError, TimeoutError, RuntimeError) as exc:
         print(f"testbed launch: error: {exc}", file=sys.stderr)
         return 2
     print(f"launch: aggregator exit {code}; run directory {out / 'aggregator'}, logs in "

@@ -46,8 +46,35 @@ def _emit(result: dict[str, Any], as_json: bool, lines: list[str]) -> None:
         print("\n".join(lines))
 
 
+def _probe_virtual(hw: HardwareConfig, as_json: bool) -> int:
+    """List a virtual config's devices as virtual (UHD is not asked: nothing to discover)."""
+    from radio.virtual_device import VirtualArgs
+    from testbed.core.config.hardware import usrp_args
+
+    found = []
+    for key, dev_args in usrp_args(hw):
+        va = VirtualArgs.parse(dev_args)
+        found.append({"key": key, "type": "virtual", "serial": va.serial,
+                      "clock_offset_s": va.clock_offset_s, "drift_ppm": va.drift_ppm})
+    air = hw.virtual_air
+    lines = [f"{len(found)} virtual USRP(s) in hardware config '{hw.name}' (no UHD discovery; "
+             f"the virtual air takes bursts at {air.burst_address} and streams to the "
+             f"receiver from {air.stream_address}: run 'testbed air --hw ...'):"]
+    lines += [f"  {d['key']}: type=virtual, serial={d['serial']}, clock offset "
+              f"{d['clock_offset_s']:g} s, drift {d['drift_ppm']:g} ppm" for d in found]
+    _emit({"devices": found, "virtual": True, "uhd_available": None, "message": "",
+           "air": {"burst_address": air.burst_address, "stream_address": air.stream_address}},
+          as_json, lines)
+    return 0
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
-    """List the USRPs UHD finds; none is not an error."""
+    """List the USRPs UHD finds (or, with ``--hw`` of a virtual config, its virtual
+    devices); none is not an error."""
+    if args.hw is not None:
+        hw = load_hardware(args.hw)
+        if hw.virtual:
+            return _probe_virtual(hw, args.json)
     res = find_usrps(args.device_args, python=args.python)
     fallback = "gnuradio (GNU Radio channel emulator) or waveform (numpy emulator)"
     if res.devices:
@@ -429,6 +456,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--device-args", default="", help="UHD device args filter (default: all)")
     p.add_argument("--python", default=SYSTEM_PYTHON, help="interpreter with UHD")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--hw", metavar="HW_CONFIG",
+                   help="a hardware config: its virtual devices are listed as virtual "
+                   "(no UHD discovery); a real config probes --device-args as without it")
     p.set_defaults(func=cmd_probe)
 
     c = sub.add_parser("check", help="validate a hardware config and build its flowgraphs")

@@ -15,6 +15,10 @@ NAME`` on stderr, then sleeps), so that a test can signal it at a known place: `
 (the command line parsed, the command not started) and ``run_setup`` (``testbed run`` about to
 load its data and set the run up).
 
+``TESTBED_CLOCK_SKEW_S=S`` sets this host's clock, as the lab processes read it
+(:func:`host_clock`), ``S`` seconds off the true time: an edge host without NTP, for the
+virtual lab's clock-offset tests (the control-plane offset and the slot guard must cover it).
+
 ``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
 before each transmission is handed to the link: the device's own record of what it put on
 the air, against which the privacy ledger can be audited.
@@ -23,10 +27,12 @@ the air, against which the privacy ledger can be audited.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 #: Seconds a pause point sleeps (the test signals it long before).
 PAUSE_S = 3600.0
@@ -62,6 +68,27 @@ def pause_point(name: str) -> None:
         return
     print(f"paused at {name}", file=sys.stderr, flush=True)
     time.sleep(PAUSE_S)
+
+
+def host_clock() -> Callable[[], float]:
+    """This host's clock (s): :func:`time.time`, or ``TESTBED_CLOCK_SKEW_S`` seconds off it.
+
+    Raises
+    ------
+    ValueError
+        ``TESTBED_CLOCK_SKEW_S`` is not a finite number of seconds within +-1e6.
+    """
+    raw = os.environ.get("TESTBED_CLOCK_SKEW_S", "")
+    if not raw:
+        return time.time
+    try:
+        skew = float(raw)
+    except ValueError:
+        skew = math.nan
+    if not (math.isfinite(skew) and abs(skew) <= 1e6):
+        raise ValueError(f"TESTBED_CLOCK_SKEW_S={raw!r}; allowed: a number of seconds within "
+                         "+-1e6")
+    return lambda: time.time() + skew
 
 
 def log_air(device: int, round_index: int, nonce: str | None) -> None:

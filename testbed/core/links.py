@@ -185,6 +185,8 @@ def _build_link(
             burst_lead_s=u.burst_lead_s,
             capture_margin_s=u.capture_margin_s,
             python=hw.gnuradio.python,
+            tx_air_address=hw.virtual_air.burst_address if hw.virtual else "",
+            rx_air_address=hw.virtual_air.stream_address if hw.virtual else "",
         )
         return UsrpLink(
             waveform_params(hw), settings, log_dir=log_dir, confidence=confidence,

@@ -8,6 +8,13 @@ also dies with the launcher (``PR_SET_PDEATHSIG``), so no process is left behind
 
 Layout of ``--out DIR``: ``DIR/aggregator`` (the run directory), ``DIR/edge-I`` (each edge's
 own ledger), ``DIR/keys``, ``DIR/logs/*.log``.
+
+With a hardware config (``--hw``) every process reads the same resolved copy, ``DIR/hw.yaml``
+(``--hw-set`` applied). When its radios are virtual (docs/virtual_lab.md) the launcher first
+starts the virtual air (``testbed air``, on two free loopback ports written into that copy,
+its burst log in ``DIR/air``); each edge then opens its own ``tx`` flowgraph on its virtual
+USRP and the aggregator its ``rx`` flowgraph: the processes of docs/lab.md, with only the
+device args changed.
 """
 
 from __future__ import annotations
@@ -73,7 +80,44 @@ class Children:
     def stop_all(self) -> None:
         names = list(self.procs)
         self.stop([n for n in names if n == "aggregator"], signal.SIGINT)
-        self.stop([n for n in names if n != "aggregator"])
+        self.stop([n for n in names if n not in ("aggregator", "air")])
+        self.stop([n for n in names if n == "air"])
+
+
+def _resolved_hw(out_dir: Path, hw_config: str, hw_overrides: list[str]) -> tuple[Path, bool]:
+    """Write ``hw_config`` with ``hw_overrides`` (and, for a virtual lab, two free loopback
+    ports for the air) to ``out_dir/hw.yaml``; returns its path and whether it is virtual."""
+    from radio.flowgraph_process import free_tcp_port
+    from testbed.core.config.loader import load_hardware
+    from testbed.core.config.safe_yaml import dump_yaml_text
+
+    hw = load_hardware(hw_config, hw_overrides)
+    if hw.virtual:
+        burst, stream = free_tcp_port(), free_tcp_port()
+        while stream == burst:
+            stream = free_tcp_port()
+        air = hw.virtual_air.model_copy(update={
+            "burst_address": f"tcp://127.0.0.1:{burst}",
+            "stream_address": f"tcp://127.0.0.1:{stream}",
+        })
+        hw = hw.model_copy(update={"virtual_air": air})
+    path = out_dir / "hw.yaml"
+    path.write_text(dump_yaml_text(hw.model_dump(mode="json")))
+    load_hardware(str(path))  # what every process will read: it must load
+    return path, hw.virtual
+
+
+def _wait_for_air(children: Children, timeout_s: float = 120.0) -> None:
+    """Wait until the air says it runs (its first log line), or raise."""
+    log = children.log_dir / "air.log"
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and b"\n" in log.read_bytes()):
+        if children.procs["air"].poll() is not None:
+            raise RuntimeError(f"the virtual air exited (code {children.procs['air'].returncode})"
+                               f"; see {log}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the virtual air did not start within {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def launch(
@@ -83,18 +127,24 @@ def launch(
     *,
     overrides: list[str],
     hw_overrides: list[str],
+    hw_config: str | None = None,
     round_timeout_s: float,
     join_timeout_s: float,
     train_allowance_s: float | None = None,
     phase_timeout_s: float | None = None,
     edge_args: dict[int, list[str]] | None = None,
+    edge_env: dict[int, dict[str, str]] | None = None,
     on_started: Any = None,
 ) -> int:
-    """Start the aggregator and ``devices`` edges; wait for the aggregator; stop the rest.
+    """Start the aggregator and ``devices`` edges (and a virtual lab's air); wait for the
+    aggregator; stop the rest.
 
     Returns the aggregator's exit code (130 when stopped by a signal).
+    ``hw_config``: a hardware config every process reads (module docstring; ``None``: the
+    experiment's ``hw_config`` with ``hw_overrides`` on the aggregator only);
     ``train_allowance_s``, ``phase_timeout_s``: the aggregator's ``--train-allowance`` and
-    ``--phase-timeout`` (``None``: its defaults); ``edge_args``: extra arguments per edge.
+    ``--phase-timeout`` (``None``: its defaults); ``edge_args``: extra arguments per edge;
+    ``edge_env``: extra environment variables per edge (fault injection).
     """
     from testbed.core.curve_keys import generate_keys
 
@@ -112,7 +162,14 @@ def launch(
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     tb = testbed_command()
+    hw_path, virtual = (None, False) if hw_config is None else \
+        _resolved_hw(out_dir, hw_config, hw_overrides)
     try:
+        if virtual:
+            assert hw_path is not None
+            children.start("air", [*tb, "air", "--hw", str(hw_path), "--log-dir",
+                                   str(out_dir / "air"), "--parent-pid", str(os.getpid())])
+            _wait_for_air(children)
         agg = [*tb, "aggregator", *([config] if config else []), "--bind", "tcp://127.0.0.1:*",
                "--keys", str(keys), "--out", str(out_dir / "aggregator"),
                "--endpoint-file", str(endpoint_file), "--set", f"devices={devices}",
@@ -124,8 +181,11 @@ def launch(
             agg += ["--phase-timeout", repr(float(phase_timeout_s))]
         for o in overrides:
             agg += ["--set", o]
-        for o in hw_overrides:
-            agg += ["--hw-set", o]
+        if hw_path is not None:
+            agg += ["--set", f"hw_config={hw_path}"]
+        else:
+            for o in hw_overrides:
+                agg += ["--hw-set", o]
         children.start("aggregator", agg)
         deadline = time.monotonic() + 120
         while not endpoint_file.exists():
@@ -139,8 +199,10 @@ def launch(
             for i in range(devices):
                 edge = [*tb, "edge", "--connect", endpoint, "--device-id", str(i),
                         "--keys", str(keys), "--state-dir", str(out_dir / f"edge-{i}"),
+                        *(["--hw", str(hw_path)] if hw_path is not None else []),
                         *((edge_args or {}).get(i, []))]
-                children.start(f"edge-{i}", edge)
+                env = {**os.environ, **edge_env[i]} if edge_env and i in edge_env else None
+                children.start(f"edge-{i}", edge, env)
             if on_started is not None:
                 on_started(children)
         agg_proc = children.procs["aggregator"]
@@ -149,12 +211,13 @@ def launch(
         if stopped["signal"]:
             children.stop_all()
             return 130
-        # The aggregator said leave; give the edges a moment, then make sure.
-        edges = [n for n in children.procs if n != "aggregator"]
+        # The aggregator said leave; give the edges a moment, then make sure (the air last).
+        edges = [n for n in children.procs if n not in ("aggregator", "air")]
         end = time.monotonic() + 10
         while any(children.procs[n].poll() is None for n in edges) and time.monotonic() < end:
             time.sleep(0.1)
         children.stop(edges)
+        children.stop([n for n in children.procs if n == "air"])
         return int(agg_proc.returncode)
     finally:
         children.stop_all()

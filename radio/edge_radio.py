@@ -233,7 +233,8 @@ class EdgeTransmitter:
                     "disagree near a half second): restart this edge, and check NTP"
                 )
 
-    def transmit(self, samples: np.ndarray, tx_time_s: float) -> TxReport:
+    def transmit(self, samples: np.ndarray, tx_time_s: float, *, hand_over_late: bool = False,
+                 shift_s: float = 0.0) -> TxReport:
         """Send one burst due at ``tx_time_s`` (schedule time base, e.g. a slot's start).
 
         Parameters
@@ -242,6 +243,10 @@ class EdgeTransmitter:
             Baseband samples, shape ``(n,)`` (:func:`radio.modem.modulate` output).
         tx_time_s
             When the burst is due (s), on the schedule's time base (module docstring).
+        hand_over_late, shift_s
+            Fault injection only: hand the burst to the flowgraph after its time (a stalled
+            host: the USRP must find it late), or move it ``shift_s`` seconds from its time
+            after the checks (an edge that mistakes its slot).
 
         Returns
         -------
@@ -297,6 +302,9 @@ class EdgeTransmitter:
             late_before = stream.late_bursts()
         except FlowgraphError as exc:
             raise LinkFailed(f"device {r.device}: {exc}") from exc
+        t_usrp += shift_s
+        if hand_over_late:
+            time.sleep(max(0.0, lead + shift_s) + 0.05)
         stream.send(scaled, t_usrp, f"device {r.device}", wait_s=max(lead, 1.0))
         airtime = x.size / r.sample_rate_hz
         return TxReport(

@@ -160,7 +160,9 @@ def test_every_table_number_is_traced_to_the_run(runs: dict[str, Path], tmp_path
     summary["privacy"]["devices"][1]["epsilon_rdp"] += 0.5
     (run / "summary.json").write_text(json.dumps(summary))
     problems = check_report(run)
-    assert len(problems) == 1 and problems[0].startswith("epsilon: shows"), problems
+    # The device's own cell, and the across-device mean, spread and max that include it.
+    assert problems[0].startswith("epsilon: shows"), problems
+    assert sorted(p.split(":")[0] for p in problems[1:]) == ["epsilon_spread"] * 3, problems
 
 
 def test_device_unit_reports_paper_and_strict(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from edge_device.lab.errors import EdgeError
 from edge_device.lab.replies import refuse, send, upload_fields, withdraw
 from radio.link import LinkError, LinkFailed
 from radio.usrp_settings import DeviceRadio
-from testbed.core.faults import fault_point
+from testbed.core.faults import fault_point, late_burst, tx_shift_s
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
@@ -117,7 +117,8 @@ def transmit(
     up = local.upload
     samples, _ = modulate(agent.waveform, np.asarray(up.symbols, dtype=np.complex128))
     try:
-        report = agent.air.transmit(samples, tx_time_s)
+        report = agent.air.transmit(samples, tx_time_s, hand_over_late=late_burst(),
+                                    shift_s=tx_shift_s())
     except LinkFailed as exc:
         withdraw(agent, client, t, nonce, f"transmitter failed: {exc}")
         raise EdgeError(f"device {agent.device}: the transmitter failed: {exc}") from exc

@@ -19,6 +19,12 @@ load its data and set the run up).
 (:func:`host_clock`), ``S`` seconds off the true time: an edge host without NTP, for the
 virtual lab's clock-offset tests (the control-plane offset and the slot guard must cover it).
 
+``TESTBED_LATE_BURST=N`` makes an edge hand its ``N``-th burst to its transmitter only after
+the burst's time (a stalled host): the USRP finds it late and must report it
+(:func:`late_burst`). ``TESTBED_TX_SHIFT_S=S`` moves every burst of an edge ``S`` seconds
+from its slot after the transmitter's checks (an edge that mistakes its slot): two edges
+meet in one slot and collide on the air (:func:`tx_shift_s`).
+
 ``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
 before each transmission is handed to the link: the device's own record of what it put on
 the air, against which the privacy ledger can be audited.
@@ -89,6 +95,34 @@ def host_clock() -> Callable[[], float]:
         raise ValueError(f"TESTBED_CLOCK_SKEW_S={raw!r}; allowed: a number of seconds within "
                          "+-1e6")
     return lambda: time.time() + skew
+
+
+def late_burst() -> bool:
+    """Whether this burst is to be made late on purpose (``TESTBED_LATE_BURST=N``: the
+    ``N``-th call returns ``True``)."""
+    raw = os.environ.get("TESTBED_LATE_BURST", "")
+    if not raw:
+        return False
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"TESTBED_LATE_BURST={raw!r}: expected an integer N >= 1") from None
+    _counts["late_burst"] = _counts.get("late_burst", 0) + 1
+    return _counts["late_burst"] == n
+
+
+def tx_shift_s() -> float:
+    """Seconds every burst of this edge is moved from its slot (``TESTBED_TX_SHIFT_S``)."""
+    raw = os.environ.get("TESTBED_TX_SHIFT_S", "")
+    if not raw:
+        return 0.0
+    try:
+        shift = float(raw)
+    except ValueError:
+        shift = math.nan
+    if not (math.isfinite(shift) and abs(shift) <= 10.0):
+        raise ValueError(f"TESTBED_TX_SHIFT_S={raw!r}; allowed: seconds within +-10")
+    return shift
 
 
 def log_air(device: int, round_index: int, nonce: str | None) -> None:

@@ -69,6 +69,7 @@ def render(run: RunData, plots: list[Plot]) -> tuple[str, list[Table]]:
         add(sections.privacy_settings_table(run))
         out.append("### Epsilon per device\n")
         add(sections.epsilon_table(run))
+        add(sections.epsilon_spread_table(run))
         notes = []
         if run.unit == "record":
             notes.append(

@@ -294,6 +294,26 @@ def epsilon_table(run: RunData) -> Table:
     return t
 
 
+def epsilon_spread_table(run: RunData) -> Table | None:
+    """Epsilon across devices: mean, spread (standard deviation), min and max of each
+    accountant's final figure; ``None`` without a summary or with one device."""
+    enforced = run.enforced
+    devices = run.privacy.get("devices")
+    if not (isinstance(devices, list) and len(devices) > 1
+            and any("epsilon" in d for d in devices)):
+        return None
+    keys = _epsilon_keys(devices, enforced)
+    t = Table("epsilon_spread", ["epsilon across devices",
+                                 *(_epsilon_label(k, enforced) for k in keys)])
+    for op, name in (("mean", "mean"), ("std", "spread (std)"), ("min", "min"), ("max", "max")):
+        t.rows.append([label(name), *(
+            op_cell(op, SUMMARY, [("privacy", "devices", i, k) for i in range(len(devices))],
+                    run.summary) for k in keys)])
+    t.note = (f"Over the {len(devices)} devices of `{SUMMARY}` `privacy.devices`; devices "
+              "differ by their data, their channel (fading, path loss) and their uploads.")
+    return t
+
+
 def peer_note(run: RunData) -> str:
     """The peer paper's accounting and trust assumption (``epsilon_peer_paper``), if any."""
     for d in run.privacy.get("devices") or []:
@@ -383,13 +403,22 @@ def snr_table(run: RunData) -> Table | None:
     by_dev = run.device_values("snr_db")
     if not by_dev:
         return None
-    t = Table("snr", ["device", "uploads with SNR", "mean SNR (dB)", "min SNR (dB)",
-                      "max SNR (dB)"])
+    budget = run.device_values("budget_snr_db")
+    header = ["device", "uploads with SNR", "mean SNR (dB)", "min SNR (dB)", "max SNR (dB)"]
+    if budget:
+        header.append("link budget SNR (dB)")
+    t = Table("snr", header)
     for dev in sorted(by_dev):
         paths = [(k, "devices", j, "snr_db") for k, j, _ in by_dev[dev]]
-        t.rows.append([device_cell(run, dev), op_cell("count", METRICS, paths, run.rounds),
-                       *(op_cell(op, METRICS, paths, run.rounds)
-                         for op in ("mean", "min", "max"))])
+        row = [device_cell(run, dev), op_cell("count", METRICS, paths, run.rounds),
+               *(op_cell(op, METRICS, paths, run.rounds) for op in ("mean", "min", "max"))]
+        if budget:
+            row.append(op_cell("mean", METRICS, [(k, "devices", j, "budget_snr_db")
+                                                 for k, j, _ in budget.get(dev, [])],
+                               run.rounds))
+        t.rows.append(row)
     t.note = (f"From every upload's `snr_db` in `{METRICS}` (received SNR at the aggregator; "
-              f"the mean is of the dB values).")
+              f"the mean is of the dB values)." + (
+                  " Link budget: the SNR the virtual air's path loss and thermal noise give "
+                  "each burst's power (`budget_snr_db`), without fading." if budget else ""))
     return t

@@ -27,6 +27,9 @@ OPS: dict[str, Callable[[list[float]], float]] = {
     "mean": lambda v: math.fsum(v) / len(v),
     "min": min,
     "max": max,
+    # Spread: the population standard deviation (0 for one value).
+    "std": lambda v: math.sqrt(max(0.0, math.fsum((x - math.fsum(v) / len(v)) ** 2
+                                                  for x in v) / len(v))),
 }
 
 

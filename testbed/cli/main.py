@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_bench",
     "testbed.cli.cmd_privacy",
     "testbed.cli.cmd_radio",
+    "testbed.cli.cmd_air",
     "testbed.cli.cmd_plan",
     "testbed.cli.cmd_calibrate",
     "testbed.cli.cmd_keys",

@@ -1,23 +1,34 @@
 """Shared parts of the tx and rx flowgraphs: argument parsing, the XML-RPC server, the
-parent watchdog and the signal handling (imported only under /usr/bin/python3).
+parent watchdog, the signal handling and the sink's async events (imported only under
+/usr/bin/python3).
 
 ``gnuradio.uhd`` is not imported here: the flowgraphs import it only when they construct a
 UHD block, so ``--build-only`` (without ``--open-device``) never loads UHD and never sends
-a discovery packet.
+a discovery packet. Virtual devices (``type=virtual``, :mod:`virtual_usrp`) never load it.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from xmlrpc.server import SimpleXMLRPCServer
 
+import pmt
 from gnuradio import gr
+
+# radio.virtual_device from the repository these flowgraphs belong to (standard library).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from radio.virtual_device import VirtualArgs, is_virtual  # noqa: E402
+
+_AIR_ADDRESS = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
 
 
 def usrp_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -47,17 +58,54 @@ def usrp_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="with --build-only: open the USRP for real (UHD discovery and set-up); "
         "without --build-only the device is always opened",
     )
+    p.add_argument(
+        "--air-address", default="",
+        help="virtual devices only (--device-args type=virtual,serial=NAME): the virtual "
+        "air's address, tcp://HOST:PORT (tx: where the air takes bursts; rx: where it "
+        "streams); required with virtual device args",
+    )
     return p
 
 
+def virtual_problem(args: argparse.Namespace, *, receiver: bool) -> str:
+    """Why ``--device-args`` / ``--air-address`` do not go together (empty: they do).
+
+    Virtual device args need an air address of the form ``tcp://HOST:PORT``; a real device
+    takes none; a virtual receiver's clock may not drift.
+    """
+    virtual = is_virtual(args.device_args)
+    if virtual and not args.air_address:
+        return ("--air-address is required with virtual device args (--device-args "
+                f"'{args.device_args}'): the virtual air's address, tcp://HOST:PORT")
+    if args.air_address and not virtual:
+        return (f"--air-address {args.air_address}: only for virtual devices (type=virtual in "
+                f"--device-args), got --device-args '{args.device_args}'")
+    if args.air_address and not _AIR_ADDRESS.match(args.air_address):
+        return f"--air-address: got '{args.air_address}'; allowed: tcp://HOST:PORT"
+    if virtual:
+        try:
+            vargs = VirtualArgs.parse(args.device_args)
+        except ValueError as exc:
+            return f"--device-args: {exc}"
+        if receiver and vargs.drift_ppm != 0:
+            return (f"--device-args: drift_ppm={vargs.drift_ppm:g} on a virtual receiver; "
+                    "allowed: 0 (the air's sample timeline is the receiver's sample clock)")
+    return ""
+
+
 def device_wanted(args: argparse.Namespace) -> bool:
-    """Whether to construct the UHD block: always when running, on request when building."""
-    return not args.build_only or bool(args.open_device)
+    """Whether to construct the device block: always when running, on request when building
+    (a virtual device is always built: opening it loads no UHD and sends nothing)."""
+    return not args.build_only or bool(args.open_device) or is_virtual(args.device_args)
 
 
 def device_failure(name: str, args: argparse.Namespace, exc: BaseException) -> int:
     """Report a USRP that could not be opened in one clear line; returns exit code 1."""
     text = " ".join(str(exc).split())
+    if is_virtual(args.device_args):
+        print(f"{name}: could not open the virtual device for device args "
+              f"'{args.device_args}': {text}", file=sys.stderr, flush=True)
+        return 1
     if "No devices found" in text or "LookupError" in text:
         what = f"no USRP found for device args '{args.device_args}'"
     else:
@@ -66,14 +114,20 @@ def device_failure(name: str, args: argparse.Namespace, exc: BaseException) -> i
     return 1
 
 
-def build_report(name: str, blocks: list[object], uhd_blocks: list[str]) -> str:
+def build_report(name: str, blocks: list[object], uhd_blocks: list[str],
+                 virtual: str = "") -> str:
     """One line saying what was built: the blocks, and whether UHD was touched at all.
 
     ``gnuradio.uhd`` is imported only when a UHD block is constructed, so ``uhd imported:
-    no`` is a check independent of the flowgraph's own bookkeeping.
+    no`` is a check independent of the flowgraph's own bookkeeping. ``virtual``: the
+    virtual device's description (``virtual device: serial NAME, air ADDRESS``), if one was
+    built.
     """
     names = ", ".join(b.name() for b in blocks)  # type: ignore[attr-defined]
-    uhd = ", ".join(uhd_blocks) if uhd_blocks else "none (device not opened)"
+    if uhd_blocks:
+        uhd = ", ".join(uhd_blocks)
+    else:
+        uhd = f"none ({virtual})" if virtual else "none (device not opened)"
     imported = "yes" if "gnuradio.uhd" in sys.modules else "no"
     return f"{name}: built; blocks: {names}; UHD blocks: {uhd}; uhd imported: {imported}"
 
@@ -183,6 +237,109 @@ def report_applied(dev: object, name: str) -> None:
         f"gain {dev.get_gain(0):.1f} dB",  # type: ignore[attr-defined]
         flush=True,
     )
+
+
+#: UHD's async event codes and gr-uhd's names for them (``event_code`` symbols).
+EVENT_CODES = {
+    "burst_ack": 0x1, "underflow": 0x2, "seq_error": 0x4, "time_error": 0x8,
+    "underflow_in_packet": 0x10, "seq_error_in_burst": 0x20, "user_payload": 0x40,
+}
+TIME_ERROR = EVENT_CODES["time_error"]
+
+
+def _event_code(value: pmt.pmt_t) -> int:
+    """An ``event_code`` as UHD's bit mask: gr-uhd's list of symbols, one symbol, or an
+    integer."""
+    if pmt.is_integer(value) or pmt.is_uint64(value):
+        return int(pmt.to_python(value))
+    if pmt.is_symbol(value):
+        return EVENT_CODES.get(pmt.symbol_to_string(value), 0)
+    code = 0
+    while pmt.is_pair(value):
+        code |= _event_code(pmt.car(value))
+        value = pmt.cdr(value)
+    return code
+
+
+def _time_s(value: pmt.pmt_t) -> float | None:
+    """A ``time_spec`` (pair or tuple of whole and fractional seconds) in s; None if none."""
+    try:
+        if pmt.is_tuple(value) and pmt.length(value) == 2:
+            parts = pmt.tuple_ref(value, 0), pmt.tuple_ref(value, 1)
+        elif pmt.is_pair(value):
+            parts = pmt.car(value), pmt.cdr(value)
+        else:
+            return None
+        return float(pmt.to_python(parts[0])) + float(pmt.to_python(parts[1]))
+    except (TypeError, ValueError):
+        return None
+
+
+def decode_async(msg: pmt.pmt_t) -> tuple[int, float | None]:
+    """A usrp sink's async message as (UHD event code bits, device time (s) or None).
+
+    gr-uhd publishes ``cons('uhd_async_msg', dict)`` with ``event_code`` (a list of
+    symbols), ``time_spec`` (pair of long, double) and ``channel``; a bare dict, an integer
+    code and a tuple time are taken too.
+    """
+    value = pmt.cdr(msg) if pmt.is_pair(msg) and not pmt.is_dict(msg) else msg
+    if not pmt.is_dict(value):
+        return 0, None
+    code = _event_code(pmt.dict_ref(value, pmt.intern("event_code"), pmt.PMT_NIL))
+    return code, _time_s(pmt.dict_ref(value, pmt.intern("time_spec"), pmt.PMT_NIL))
+
+
+class async_events(gr.basic_block):  # noqa: N801 - GNU Radio block naming
+    """Message sink for a usrp sink's ``async_msgs``: counts late bursts (``TIME_ERROR``),
+    keeps the last ``keep`` events.
+
+    Parameters
+    ----------
+    keep
+        Events kept (the oldest are forgotten).
+    """
+
+    PORT = pmt.intern("async")
+
+    def __init__(self, keep: int = 64) -> None:
+        gr.basic_block.__init__(self, name="async_events", in_sig=None, out_sig=None)
+        self.message_port_register_in(self.PORT)
+        self.set_msg_handler(self.PORT, self.handle)
+        self._lock = threading.Lock()
+        self._events: collections.deque[tuple[int, float | None]] = collections.deque(
+            maxlen=keep)
+        #: TIME_ERROR events (bursts that arrived after their tx_time).
+        self.late = 0
+        #: Events received.
+        self.total = 0
+
+    def handle(self, msg: pmt.pmt_t) -> None:
+        code, t = decode_async(msg)
+        with self._lock:
+            self.total += 1
+            if code & TIME_ERROR:
+                self.late += 1
+            self._events.append((code, t))
+
+    def events(self) -> list[list[object]]:
+        """The last events, oldest first: ``[code, device time (s) or None]``."""
+        with self._lock:
+            return [[code, t] for code, t in self._events]
+
+
+def subscribe_async(tb: gr.top_block, sink: object) -> async_events | None:
+    """Connect ``sink``'s ``async_msgs`` port (gr-uhd's usrp sink, :class:`virtual_usrp.
+    virtual_sink`) to a new :class:`async_events`; None when ``sink`` has no such port."""
+    port = pmt.intern("async_msgs")
+    try:
+        ports = pmt.to_python(sink.message_ports_out())  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        ports = []
+    if "async_msgs" not in (ports or []):
+        return None
+    counter = async_events()
+    tb.msg_connect((sink, port), (counter, async_events.PORT))
+    return counter
 
 
 def serve_xmlrpc(tb: object, port: int) -> SimpleXMLRPCServer | None:

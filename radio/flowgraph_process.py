@@ -269,6 +269,20 @@ class FlowgraphProcess:
             raise FlowgraphError(f"flowgraph {self.name}: {method} returned {value!r}")
         return float(value)
 
+    def call_int(self, method: str, *args: object) -> int:
+        """:meth:`call` for a method that returns an integer."""
+        value = self.call(method, *args)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FlowgraphError(f"flowgraph {self.name}: {method} returned {value!r}")
+        return value
+
+    def call_list(self, method: str, *args: object) -> list[object]:
+        """:meth:`call` for a method that returns a list (an XML-RPC array)."""
+        value = self.call(method, *args)
+        if not isinstance(value, list):
+            raise FlowgraphError(f"flowgraph {self.name}: {method} returned {value!r}")
+        return value
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop the flowgraph (SIGTERM, SIGKILL after ``grace_s``) and close its log.
 

@@ -67,14 +67,15 @@ def scale_for_dac(samples: np.ndarray, amplitude: float, what: str) -> np.ndarra
 
 def flowgraph_args(
     sample_rate_hz: float, center_freq_hz: float, clock_source: str, time_source: str,
-    time_epoch: str = "zero",
+    time_epoch: str = "zero", air_address: str = "",
 ) -> list[str]:
     """Command-line arguments common to ``tx.py`` and ``rx.py``."""
     args = [
         "--samp-rate", repr(sample_rate_hz), "--center-freq", repr(center_freq_hz),
         "--clock-source", clock_source, "--time-source", time_source,
     ]
-    return args + (["--time-epoch", time_epoch] if time_epoch != "zero" else [])
+    args += ["--time-epoch", time_epoch] if time_epoch != "zero" else []
+    return args + (["--air-address", air_address] if air_address else [])
 
 
 class _RxRing:
@@ -137,6 +138,10 @@ class TxStream:
     time_epoch
         ``zero`` (USRP time 0 at start-up) or ``host-pps`` (the host's UNIX second latched
         at a PPS edge: every USRP on the same PPS keeps the same time).
+    air_address
+        The virtual air's burst address (``tcp://HOST:PORT``) for a virtual device
+        (``device_args`` ``type=virtual,serial=NAME``; :mod:`radio.virtual_device`); empty
+        for a USRP.
     python, log_dir, startup_timeout_s
         Passed to :class:`~radio.flowgraph_process.FlowgraphProcess`.
 
@@ -149,7 +154,8 @@ class TxStream:
     def __init__(
         self, *, device_args: str, gain_db: float, antenna: str, sample_rate_hz: float,
         center_freq_hz: float, clock_source: str, time_source: str, time_epoch: str = "zero",
-        python: str = SYSTEM_PYTHON, log_dir: Path | None = None, startup_timeout_s: float = 60.0,
+        air_address: str = "", python: str = SYSTEM_PYTHON, log_dir: Path | None = None,
+        startup_timeout_s: float = 60.0,
     ) -> None:
         self.push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
@@ -158,7 +164,7 @@ class TxStream:
             self.proc: FlowgraphProcess | None = FlowgraphProcess(
                 FLOWGRAPH_DIR / "tx.py",
                 [*flowgraph_args(sample_rate_hz, center_freq_hz, clock_source, time_source,
-                                 time_epoch),
+                                 time_epoch, air_address),
                  "--device-args", device_args, "--gain", repr(gain_db), "--antenna", antenna,
                  "--in-address", address],
                 python=python, log_dir=log_dir, startup_timeout_s=startup_timeout_s,
@@ -175,6 +181,20 @@ class TxStream:
     def usrp_time_now(self) -> float:
         """The USRP's current time (s)."""
         return self._proc().call_float("get_time_now")
+
+    def late_bursts(self) -> int:
+        """Bursts the USRP reported late so far (``TIME_ERROR``: they arrived after their
+        ``tx_time`` and were not sent)."""
+        return self._proc().call_int("get_late_bursts")
+
+    def async_events(self) -> list[tuple[int, float | None]]:
+        """The USRP's last async events (up to 64), oldest first: (UHD event code, USRP
+        time (s) or None); codes 0x1 burst ack, 0x2 underflow, 0x8 time error (late)."""
+        out: list[tuple[int, float | None]] = []
+        for event in self._proc().call_list("get_async_events"):
+            code, t = event if isinstance(event, list | tuple) else (0, None)
+            out.append((int(code), None if t is None else float(t)))
+        return out
 
     def check_alive(self) -> None:
         """Raise :class:`~radio.flowgraph_process.FlowgraphError` if the flowgraph died."""
@@ -217,6 +237,9 @@ class RxStream:
         Samples kept (s).
     start_after_s
         Streaming starts this long after the time epoch (USRP time ``start_time``).
+    air_address
+        The virtual air's stream address (``tcp://HOST:PORT``) for a virtual device; empty
+        for a USRP.
     time_epoch, python, log_dir, startup_timeout_s
         As in :class:`TxStream`.
 
@@ -229,8 +252,9 @@ class RxStream:
     def __init__(
         self, *, device_args: str, gain_db: float, antenna: str, sample_rate_hz: float,
         center_freq_hz: float, clock_source: str, time_source: str, time_epoch: str = "zero",
-        ring_seconds: float = 4.0, start_after_s: float = 1.0, python: str = SYSTEM_PYTHON,
-        log_dir: Path | None = None, startup_timeout_s: float = 60.0,
+        ring_seconds: float = 4.0, start_after_s: float = 1.0, air_address: str = "",
+        python: str = SYSTEM_PYTHON, log_dir: Path | None = None,
+        startup_timeout_s: float = 60.0,
     ) -> None:
         self.fs = sample_rate_hz
         self.ring: _RxRing | None = None
@@ -238,7 +262,7 @@ class RxStream:
         self.proc: FlowgraphProcess | None = FlowgraphProcess(
             FLOWGRAPH_DIR / "rx.py",
             [*flowgraph_args(sample_rate_hz, center_freq_hz, clock_source, time_source,
-                             time_epoch),
+                             time_epoch, air_address),
              "--device-args", device_args, "--gain", repr(gain_db), "--antenna", antenna,
              "--out-address", address, "--start-time", repr(start_after_s)],
             python=python, log_dir=log_dir, startup_timeout_s=startup_timeout_s,
@@ -268,6 +292,11 @@ class RxStream:
     def check_alive(self) -> None:
         """Raise :class:`~radio.flowgraph_process.FlowgraphError` if the flowgraph died."""
         self._proc().check_alive()
+
+    def overflows(self) -> int:
+        """Gaps (samples lost) in a virtual receiver's stream so far; -1 for a USRP (UHD
+        does not count them for the flowgraph)."""
+        return self._proc().call_int("get_overflows")
 
     def check_mapping(self, usrp_now_s: float, where: str) -> None:
         """Refuse to go on once samples were dropped (sample index no longer maps to time).

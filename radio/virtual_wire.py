@@ -17,7 +17,7 @@ Times are true times (s): the host UNIX clock of the process that stamps them
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def encode_chunk(header: ChunkHeader, samples: np.ndarray) -> list[bytes]:
     return _encode(header, samples)
 
 
-def _decode(frames: list[bytes], cls: type) -> tuple[dict, np.ndarray]:
+def _decode(frames: list[bytes], cls: type[BurstHeader] | type[ChunkHeader]
+            ) -> tuple[dict, np.ndarray]:
     if len(frames) != 2:
         raise ValueError(f"virtual air message: {len(frames)} frames; expected 2")
     try:
@@ -111,7 +112,7 @@ def _decode(frames: list[bytes], cls: type) -> tuple[dict, np.ndarray]:
         raise ValueError(f"virtual air message: header is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.pop("v", None) != WIRE_VERSION:
         raise ValueError(f"virtual air message: wire version is not {WIRE_VERSION}")
-    names = set(cls.__dataclass_fields__)
+    names = {f.name for f in fields(cls)}
     if set(meta) != names:
         raise ValueError(f"virtual air message: header keys {sorted(meta)}; "
                          f"expected {sorted(names)}")

@@ -21,9 +21,9 @@ Keys of a virtual device's args (all but ``type`` and ``serial`` optional):
 ``full_scale_w``
     Power (W) a full-scale stream (``|s| = 1``) radiates at 0 dB gain (transmitter), or the
     input power (W) that reads as full scale at 0 dB gain (receiver; default 1e-3, 0 dBm).
-    Transmitter default 0.8: with
-    ``usrp.tx_amplitude`` 0.25, 10 dB of gain and 5 samples per symbol, a unit-power
-    symbol stream radiates 0.1 W (the ``tx_power_ref_w`` of ``lab_ota.yaml``).
+    Transmitter default 1.25: with ``usrp.tx_amplitude`` 0.02, 30 dB of gain and 5 samples
+    per symbol, a unit-power symbol stream radiates 0.1 W (``hw_configs/virtual_lab.yaml``;
+    the analog uploads' peaks reach ~12x their RMS, so the DAC needs that headroom).
 ``max_power_w``
     The transmitter's largest mean output over a burst (W); a burst above it leaves
     scaled down to it (the amplifier's limit) and is counted.
@@ -152,8 +152,8 @@ class VirtualArgs:
 
     @property
     def tx_full_scale_w(self) -> float:
-        """W a full-scale stream radiates at 0 dB gain (default 0.8)."""
-        return 0.8 if self.full_scale_w is None else self.full_scale_w
+        """W a full-scale stream radiates at 0 dB gain (default 1.25)."""
+        return 1.25 if self.full_scale_w is None else self.full_scale_w
 
     @property
     def rx_full_scale_w(self) -> float:

@@ -27,7 +27,7 @@ VirtualTx = tuple[TxStream, "zmq.Socket[bytes]", Path]
 
 FS_TX = 200e3
 TX_ARGS = "type=virtual,serial=t0,clock_offset_s=3.5,drift_ppm=20"
-TX_FULL_SCALE_W = 0.8  # the transmitter default of radio.virtual_device
+TX_FULL_SCALE_W = 1.25  # the transmitter default of radio.virtual_device
 MAX_POWER_W = 0.1  # its default max_power_w
 
 
@@ -150,7 +150,7 @@ def test_tx_burst_above_max_power_is_scaled_down(
     virtual_tx: VirtualTx,
 ) -> None:
     stream, air, _ = virtual_tx
-    s = _unit_phase(500, 0.5, seed=4)  # 0.25 * 0.8 W * 10^1.05 = 2.2 W > 0.1 W
+    s = _unit_phase(500, 0.5, seed=4)  # 0.25 * 1.25 W * 10^1.05 = 3.5 W > 0.1 W
     _send_on_time(stream, s)
     got = _recv_burst(air, 15.0)
     assert got is not None
@@ -410,7 +410,7 @@ while len(events.events()) < 3 and time.time() < deadline:
 tb.stop(); tb.wait()
 assert len(got) == 2, got
 (h1, x1), (h2, x2) = got
-a = math.sqrt(0.8 * 10 ** 0.3)
+a = math.sqrt(1.25 * 10 ** 0.3)
 assert h1.serial == "q1" and h1.n == 300 and h1.gain_db == 3.0 and h1.center_freq_hz == 915e6
 assert abs(h1.t_true_s - 1000.0) < 1e-9 and abs(h2.t_true_s - (1000 + 0.01 / 1.0001)) < 1e-9
 np.testing.assert_allclose(x1, s * a, rtol=1e-5)

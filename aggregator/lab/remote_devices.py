@@ -357,7 +357,7 @@ class RemoteDevices:
                                    f"for {self.n_payload(i)}")
             energy_comm_j, uncertainty = self.capture.burst_report(t, i, n, msg["tx_report"])
             extra = {"energy_comm_j": energy_comm_j, "timing_uncertainty_s": uncertainty}
-            budget = self.capture.budget_snr_db(i, float(msg["tx_report"]["tx_power_w"]))
+            budget = self.capture.budget_snr_db(i)
             if budget is not None:
                 extra["budget_snr_db"] = budget
             # Only their mean power enters the metrics (snr_db): the edge's symbol energy.

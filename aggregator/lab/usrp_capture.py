@@ -161,10 +161,11 @@ class SlotCapture:
         except LinkError as exc:  # the capture is not held: every window of it is lost
             return {i: exc for i in slots}, None
 
-    def budget_snr_db(self, i: int, tx_power_w: float) -> float | None:
-        """The SNR (dB, ``Es/N0``) device ``i``'s burst of mean power ``tx_power_w`` (W)
-        should arrive with through the virtual air's link budget (fading at its mean);
-        ``None`` on real radios (the lab measures its own)."""
+    def budget_snr_db(self, i: int) -> float | None:
+        """The SNR (dB, ``Es/N0`` of unit-power symbols: what the receiver estimates from
+        the frame's pilots, ``snr_est_db``) device ``i``'s frames should arrive with through
+        the virtual air's link budget: its ``tx_power_ref_w`` through its path, against the
+        receiver's thermal noise, fading at its mean. ``None`` on real radios."""
         hw = self.state.hw
         if not hw.virtual:
             return None
@@ -172,13 +173,14 @@ class SlotCapture:
         from radio.virtual_device import VirtualArgs
         from testbed.core.config.hardware import device_radio
 
-        path = hw.virtual_air.path(VirtualArgs.parse(device_radio(hw, i).tx_args).serial)
+        radio = device_radio(hw, i)
+        path = hw.virtual_air.path(VirtualArgs.parse(radio.tx_args).serial)
         if path is None:  # refused by the config's validation
             return None
         gain = path_gain(attenuation_db=path.attenuation_db, distance_m=path.distance_m,
                          center_freq_hz=hw.center_freq_hz)
         air = hw.virtual_air
-        return budget_snr_db(tx_power_w * gain, hw.symbol_rate_hz, air.temperature_k,
+        return budget_snr_db(radio.tx_power_ref_w * gain, hw.symbol_rate_hz, air.temperature_k,
                              air.noise_figure_db)
 
     def burst_report(self, t: int, i: int, n: int, report: dict[str, Any]

@@ -405,20 +405,24 @@ def snr_table(run: RunData) -> Table | None:
         return None
     budget = run.device_values("budget_snr_db")
     header = ["device", "uploads with SNR", "mean SNR (dB)", "min SNR (dB)", "max SNR (dB)"]
+    pilot = run.device_values("snr_est_db")
     if budget:
-        header.append("link budget SNR (dB)")
+        header += ["mean pilot SNR (dB)", "link budget SNR (dB)"]
     t = Table("snr", header)
     for dev in sorted(by_dev):
         paths = [(k, "devices", j, "snr_db") for k, j, _ in by_dev[dev]]
         row = [device_cell(run, dev), op_cell("count", METRICS, paths, run.rounds),
                *(op_cell(op, METRICS, paths, run.rounds) for op in ("mean", "min", "max"))]
         if budget:
-            row.append(op_cell("mean", METRICS, [(k, "devices", j, "budget_snr_db")
-                                                 for k, j, _ in budget.get(dev, [])],
-                               run.rounds))
+            row += [op_cell("mean", METRICS, [(k, "devices", j, key)
+                                              for k, j, _ in values.get(dev, [])], run.rounds)
+                    for key, values in (("snr_est_db", pilot), ("budget_snr_db", budget))]
         t.rows.append(row)
     t.note = (f"From every upload's `snr_db` in `{METRICS}` (received SNR at the aggregator; "
               f"the mean is of the dB values)." + (
-                  " Link budget: the SNR the virtual air's path loss and thermal noise give "
-                  "each burst's power (`budget_snr_db`), without fading." if budget else ""))
+                  " Pilot SNR: the Es/N0 of unit-power symbols the receiver estimates from the "
+                  "frame's pilots (`snr_est_db`). Link budget: that Es/N0 as the virtual air's "
+                  "path loss and thermal noise give it for `tx_power_ref_w` "
+                  "(`budget_snr_db`), fading at its mean."
+                  if budget else ""))
     return t

@@ -29,6 +29,7 @@ from aggregator.state import RunState
 from radio.analog import n_symbols_for
 from radio.link import LinkError, LinkFailed, Reception
 from radio.tdma import Slot, schedule_window
+from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.links import waveform_params
 from testbed.core.protocol import Message
@@ -153,6 +154,7 @@ class SlotCapture:
             if not on_air:
                 return {}, None
             n_payload = {s.device: self.n_payload(s.device) for s in on_air}
+            fault_point("lab_before_capture")  # the bursts are on the air, none read yet
             return timer.timed("capture", lambda: split.receive(on_air, n_payload,
                                                                 round_index=t)), None
         except LinkFailed as exc:

@@ -126,6 +126,7 @@ def transmit(
         withdraw(agent, client, t, nonce, f"not sent: {exc}")
         log.warning("device %d: round %d: burst not sent: %s", agent.device, t, exc)
         return
+    fault_point("edge_after_burst")  # the burst is with the USRP, no upload sent yet
     try:
         agent.air.confirm(report)  # the USRP's late report: the burst never left
     except LinkFailed as exc:

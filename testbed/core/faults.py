@@ -8,7 +8,9 @@ kept in ``inflight/``), ``after_inflight``; and per round ``after_checkpoint`` (
 written, metrics line not yet appended). The lab aggregator's: ``lab_after_request`` (the
 upload journalled and asked for, nothing received yet). The edge agent's:
 ``edge_before_intent`` (trained, not yet journalled) and ``edge_after_intent`` (journalled,
-upload not yet sent).
+upload not yet sent). On the ``usrp`` link: the edge's ``edge_after_burst`` (the burst handed
+to its USRP, its ``upload`` not yet sent) and the aggregator's ``lab_before_capture`` (the
+round's bursts on the air, the capture not yet read).
 
 ``TESTBED_PAUSE=NAME`` stops the process at the pause point ``NAME`` (it writes ``paused at
 NAME`` on stderr, then sleeps), so that a test can signal it at a known place: ``cli_startup``

@@ -15,7 +15,7 @@ payload is the caller's analog symbols, unchanged (symbol-power units, see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -67,6 +67,9 @@ class WaveformParams:
         jitter); measured at -42 to -52 dB, so -40 dB leaves a margin. It is subtracted
         from the credited ``N0`` lower bound: distortion is a function of the data, not
         noise.
+    pilot_seed
+        Seed of the pilot block's QPSK pattern (:func:`device_waveform` gives each device
+        of a TDMA round its own).
     """
 
     symbol_rate_hz: float = 200e3
@@ -82,6 +85,7 @@ class WaveformParams:
     pilot_smoothing: int = 3
     guard_symbols: int = 12
     distortion_floor_db: float = -40.0
+    pilot_seed: int = _PILOT_PATTERN_SEED
 
     def __post_init__(self) -> None:
         checks = [
@@ -123,10 +127,40 @@ class WaveformParams:
 
     def pilot_block(self) -> np.ndarray:
         """The fixed QPSK pilot block, unit modulus, shape ``(pilots_per_block,)``."""
-        bits = np.random.Generator(np.random.PCG64(_PILOT_PATTERN_SEED)).integers(
+        bits = np.random.Generator(np.random.PCG64(self.pilot_seed)).integers(
             0, 4, self.pilots_per_block
         )
         return np.exp(1j * (np.pi / 4 + np.pi / 2 * bits))
+
+
+def device_roots(params: WaveformParams) -> list[int]:
+    """The preamble roots devices take in turn: every root of the ZC length other than the
+    common one and the postamble's (for a prime length, ``length - 3`` of them)."""
+    n = params.zc_length
+    return [r for r in range(1, n) if np.gcd(r, n) == 1
+            and r not in (params.zc_root, params.postamble_root)]
+
+
+def device_waveform(params: WaveformParams, device: int) -> WaveformParams:
+    """``params`` with device ``device``'s own preamble root and pilot pattern.
+
+    In a TDMA round every device's frame then carries a signature the receiver can tell
+    apart: a frame of another device found in a device's window is a collision
+    (:func:`radio.modem.preamble_found`), not that device's upload. ZC sequences of
+    different roots and a prime length ``L`` correlate to ``1/sqrt(L)`` (0.16 for 37),
+    far below the receiver's acceptance threshold. Devices ``k`` apart by a multiple of
+    the number of roots share a root (34 roots for the default length 37).
+
+    Raises
+    ------
+    ValueError
+        A negative ``device``.
+    """
+    if device < 0:
+        raise ValueError(f"device: got {device}; allowed: >= 0")
+    roots = device_roots(params)
+    return replace(params, zc_root=roots[device % len(roots)],
+                   pilot_seed=_PILOT_PATTERN_SEED + 1 + device)
 
 
 @dataclass(frozen=True)

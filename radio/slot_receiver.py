@@ -22,9 +22,9 @@ import numpy as np
 from radio.edge_radio import Probe, RadioUnavailable, require_usrp, usrp_minus_host
 from radio.flowgraph_process import FlowgraphError
 from radio.frame_link import Carried, FrameLink
-from radio.framing import WaveformParams
+from radio.framing import WaveformParams, device_waveform
 from radio.link import LinkError, LinkFailed, Reception
-from radio.modem import frame_samples
+from radio.modem import frame_samples, preamble_found
 from radio.tdma import Slot, schedule_window
 from radio.time_sync import OffsetEstimate
 from radio.uhd_probe import find_usrps
@@ -33,7 +33,9 @@ from radio.usrp_stream import RxStream
 
 
 class _Decoder(FrameLink):
-    """The frame receiver of the ``usrp`` link, fed captured windows."""
+    """The frame receiver of the ``usrp`` link, fed captured windows (one per device: each
+    device's frames carry its own preamble root and pilots,
+    :func:`radio.framing.device_waveform`)."""
 
     name = "usrp"
 
@@ -81,8 +83,10 @@ class SlotReceiver:
                              f"{waveform.sample_rate_hz}")
         self.radio = radio
         self.clock = clock
-        self.decoder = _Decoder(waveform, confidence=confidence, record_dir=record_dir,
-                                center_freq_hz=radio.center_freq_hz, hw_name=hw_name)
+        self.waveform = waveform
+        self._decoder_args = {"confidence": confidence, "record_dir": record_dir,
+                              "center_freq_hz": radio.center_freq_hz, "hw_name": hw_name}
+        self._decoders: dict[int, _Decoder] = {}
         if stream is None:
             require_usrp("aggregator receiver", "usrp.rx_args", radio.rx_args, radio.python,
                          probe)
@@ -187,7 +191,23 @@ class SlotReceiver:
         LinkError
             No frame found (the upload is lost).
         """
-        return self.decoder.decode(window, n_payload, device=device, round_index=round_index)
+        return self._decoder(device).decode(window, n_payload, device=device,
+                                            round_index=round_index)
+
+    def _decoder(self, device: int) -> _Decoder:
+        if device not in self._decoders:
+            self._decoders[device] = _Decoder(device_waveform(self.waveform, device),
+                                              **self._decoder_args)  # type: ignore[arg-type]
+        return self._decoders[device]
+
+    def collision(self, window: np.ndarray, device: int, others: Sequence[int]) -> int | None:
+        """Another device of ``others`` whose frame (its own preamble root) is in
+        ``device``'s window, or ``None``: two transmitters in one slot."""
+        for other in others:
+            if other != device and preamble_found(device_waveform(self.waveform, other),
+                                                  window):
+                return other
+        return None
 
     def receive_all(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0
@@ -202,6 +222,15 @@ class SlotReceiver:
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
         for device, window in self.receive(slots, round_index=round_index).items():
+            other = self.collision(window, device, list(by_device))
+            if other is not None:
+                # Its frame overlaps another's: what the pilots would call noise is partly
+                # the other device's signal, and the decoded values are a mixture.
+                out[device] = LinkError(
+                    f"usrp link (lab): device {device}, round {round_index}: frame lost in a "
+                    f"collision: device {other}'s frame is in device {device}'s slot"
+                )
+                continue
             try:
                 rec = self.decode(window, n_payload[device], device=device,
                                   round_index=round_index)

@@ -17,6 +17,7 @@ import pytest
 from edge_device.radio_check import check_edge_radio
 from radio.edge_radio import MIN_LEAD_S, EdgeTransmitter, RadioUnavailable
 from radio.flowgraph_process import FLOWGRAPH_DIR, SYSTEM_PYTHON
+from radio.framing import device_waveform
 from radio.link import LinkError, Reception
 from radio.modem import modulate
 from radio.slot_receiver import SlotReceiver
@@ -347,7 +348,7 @@ def test_slot_receiver_cuts_each_devices_window_and_decodes_its_own_frame(hw_nam
     rng = np.random.default_rng(7)
     devices, n_payload = [2, 0, 3, 1], {0: 900, 1: 1500, 2: 600, 3: 1200}
     payloads = {d: unit_payload(n_payload[d], rng) for d in devices}
-    frames = {d: modulate(wf, payloads[d])[0] for d in devices}
+    frames = {d: modulate(device_waveform(wf, d), payloads[d])[0] for d in devices}
     shared = receiver_radio(hw).shared_time
     assert shared == (hw_name == "darkroom")
     d_rx = 0.2 if shared else -(1.7e9 - 20.0)  # receiver USRP time minus host time
@@ -385,6 +386,39 @@ def test_slot_receiver_cuts_each_devices_window_and_decodes_its_own_frame(hw_nam
         assert nmse < 10 ** (-15 / 10), (s.device, nmse)  # its own frame, not a neighbour's
     results = receiver.receive_all(slots, n_payload, round_index=4)
     assert all(isinstance(r, Reception) for r in results.values())
+
+
+def test_two_frames_in_one_slot_are_a_collision_not_an_upload() -> None:
+    """Device 1 transmits in device 0's slot at the same time and power: with one preamble
+    for all, device 0's window decoded a mixture with a clean-looking SNR (measured through
+    the virtual air: 4.5 dB above its link budget) and credited the other's signal as
+    noise. With a preamble root per device the receiver finds device 1's frame in device
+    0's window and reports both lost (device 1's own window holds nothing)."""
+    hw = load_hardware("lab_ota")
+    wf = waveform_params(hw)
+    fs = wf.sample_rate_hz
+    rng = np.random.default_rng(3)
+    roots = {device_waveform(wf, d).zc_root for d in range(20)}
+    assert len(roots) == 20 and wf.zc_root not in roots and wf.postamble_root not in roots
+    x = {d: modulate(device_waveform(wf, d), unit_payload(800, rng))[0] for d in (0, 1)}
+    guard = slot_guard_s(1e-3, hw.usrp.time_source)
+    slots = tdma_schedule([0, 1], x[0].size / fs, guard, start_s=90.05)
+    n = int((slots[-1].window_end_s - 90.0 + 0.05) * fs)
+    capture = 0.03 * (rng.standard_normal(n) + 1j * rng.standard_normal(n))
+    i0 = int(round((slots[0].start_s - 90.0) * fs))
+    for d, phase in ((0, 1.0), (1, np.exp(0.7j))):  # both at device 0's slot start
+        capture[i0:i0 + x[d].size] += 0.8 * phase * x[d]
+    clock = _Clock(100.0)
+    rx = _FakeRx(capture.astype(np.complex64), 0.0, fs, clock, -90.0)  # USRP = host - 90
+    receiver = SlotReceiver(receiver_radio(hw), wf, clock=clock, stream=rx)
+    out = receiver.receive_all(slots, {0: 800, 1: 800}, round_index=5)
+    assert isinstance(out[0], LinkError) and "collision: device 1's frame" in str(out[0])
+    assert isinstance(out[1], LinkError) and "lost" in str(out[1])
+    # Alone in its slot, the same frame is device 0's upload.
+    capture[i0:i0 + x[1].size] -= 0.8 * np.exp(0.7j) * x[1]
+    rx.capture = capture.astype(np.complex64)
+    alone = receiver.receive_all(slots[:1], {0: 800}, round_index=5)
+    assert isinstance(alone[0], Reception)
 
 
 def test_slot_receiver_reports_a_lost_frame_per_device_and_refuses_long_schedules() -> None:

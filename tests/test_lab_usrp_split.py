@@ -36,6 +36,7 @@ from edge_device.lab.agent import EdgeAgent, EdgeError
 from radio.analog import n_symbols_for, reals_to_symbols
 from radio.edge_radio import MIN_LEAD_S, EdgeTransmitter
 from radio.flowgraph_process import FlowgraphError
+from radio.framing import device_waveform
 from radio.link import LinkError, Reception
 from radio.modem import modulate
 from radio.slot_receiver import SlotReceiver
@@ -680,7 +681,7 @@ def test_aggregator_settles_on_air_uploads_with_the_captured_reception(tmp_path:
         values = rng.normal(0.0, 0.9 / (alpha * np.sqrt(2)), state.d)  # 0.81 symbol power
         symbols = alpha * reals_to_symbols(values)
         header = UploadHeader(device=i, round_index=0, d=state.d, n_values=state.d, alpha=alpha)
-        report = tx.transmit(modulate(wf, symbols)[0], slots[i].start_s)
+        report = tx.transmit(modulate(device_waveform(wf, i), symbols)[0], slots[i].start_s)
         sent[i] = (values, header, report)
         energy[i] = float(np.sum(np.abs(symbols) ** 2))
     agg.advance(3.0)  # the schedule is over

@@ -96,6 +96,7 @@ def transmit(
     EdgeError
         The transmitter is dead (the intent is withdrawn and the round refused first).
     """
+    from radio.framing import device_waveform
     from radio.modem import modulate
 
     assert agent.air is not None
@@ -115,7 +116,9 @@ def transmit(
     agent.pending[nonce] = event
     fault_point("edge_after_intent")
     up = local.upload
-    samples, _ = modulate(agent.waveform, np.asarray(up.symbols, dtype=np.complex128))
+    # Its own preamble root and pilots: the receiver tells its frame from another's.
+    samples, _ = modulate(device_waveform(agent.waveform, agent.device),
+                          np.asarray(up.symbols, dtype=np.complex128))
     try:
         report = agent.air.transmit(samples, tx_time_s, hand_over_late=late_burst(),
                                     shift_s=tx_shift_s())

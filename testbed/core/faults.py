@@ -23,9 +23,9 @@ virtual lab's clock-offset tests (the control-plane offset and the slot guard mu
 
 ``TESTBED_LATE_BURST=N`` makes an edge hand its ``N``-th burst to its transmitter only after
 the burst's time (a stalled host): the USRP finds it late and must report it
-(:func:`late_burst`). ``TESTBED_TX_SHIFT_S=S`` moves every burst of an edge ``S`` seconds
-from its slot after the transmitter's checks (an edge that mistakes its slot): two edges
-meet in one slot and collide on the air (:func:`tx_shift_s`).
+(:func:`late_burst`). ``TESTBED_TX_SHIFT_S=S`` moves every burst of an edge (``S:N``: its
+``N``-th) ``S`` seconds from its slot after the transmitter's checks (an edge that mistakes
+its slot): two edges meet in one slot and collide on the air (:func:`tx_shift_s`).
 
 ``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
 before each transmission is handed to the link: the device's own record of what it put on
@@ -114,17 +114,23 @@ def late_burst() -> bool:
 
 
 def tx_shift_s() -> float:
-    """Seconds every burst of this edge is moved from its slot (``TESTBED_TX_SHIFT_S``)."""
+    """Seconds this burst of the edge is moved from its slot: ``TESTBED_TX_SHIFT_S=S``
+    moves every burst, ``S:N`` only the ``N``-th."""
     raw = os.environ.get("TESTBED_TX_SHIFT_S", "")
     if not raw:
         return 0.0
+    value, _, nth = raw.partition(":")
     try:
-        shift = float(raw)
+        shift, n = float(value), int(nth or "0")
     except ValueError:
-        shift = math.nan
-    if not (math.isfinite(shift) and abs(shift) <= 10.0):
-        raise ValueError(f"TESTBED_TX_SHIFT_S={raw!r}; allowed: seconds within +-10")
-    return shift
+        shift, n = math.nan, 0
+    if not (math.isfinite(shift) and abs(shift) <= 10.0 and n >= 0):
+        raise ValueError(f"TESTBED_TX_SHIFT_S={raw!r}; allowed: seconds within +-10, "
+                         "optionally :N (the N-th burst only)")
+    if n == 0:
+        return shift
+    _counts["tx_shift"] = _counts.get("tx_shift", 0) + 1
+    return shift if _counts["tx_shift"] == n else 0.0
 
 
 def log_air(device: int, round_index: int, nonce: str | None) -> None:

@@ -462,6 +462,10 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
                 "discarded": self.discarded}
 
 
+#: Longest gap (samples) filled with zeros to keep sample count and device time in step.
+MAX_FILL = 1 << 24
+
+
 class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio block naming
     """Stands in for ``uhd.usrp_source``: the virtual air's stream in, one complex64 out.
 
@@ -622,35 +626,41 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
                 if index + x.size <= k0:
                     return  # all before the start
                 if k0 < index:
+                    # The air was not there yet: the device's samples of that time read
+                    # zero, so sample i of the stream stays at start time + i / fs.
                     late = (index - k0) / fs
                     self.overflows += 1
                     self.lost_samples += index - k0
                     print(f"rx: virtual device {self.serial}: the air's stream begins "
-                          f"{late:.6f} s after the start time {self._start_time:.6f} s "
-                          "(an overflow)", file=sys.stderr, flush=True)
+                          f"{late:.6f} s after the start time {self._start_time:.6f} s; "
+                          "zeros stand in", file=sys.stderr, flush=True)
+                    if index - k0 <= MAX_FILL:
+                        x = np.concatenate([np.zeros(index - k0, np.complex64), x])
+                        index = k0
                 first = max(k0 - index, 0)
             self._streaming = True
             self._set_chunk(index, x, first)
             return
         if t0 != self._t0:
-            # The air restarted: a new timeline; the stream goes on, retagged.
-            self.overflows += 1
-            print(f"rx: virtual device {self.serial}: the air's timeline restarted (an "
-                  "overflow)", file=sys.stderr, flush=True)
-            self._t0 = t0
-            self._set_chunk(index, x, 0)
-            return
+            # The air restarted: place the new timeline on the old one (true times).
+            index = round((t0 + index / fs - self._t0) * fs)
+            print(f"rx: virtual device {self.serial}: the air's timeline restarted",
+                  file=sys.stderr, flush=True)
         if index + x.size <= self._next_index:
             return  # a repeat of samples already streamed
         if index > self._next_index:
             lost = index - self._next_index
             self.overflows += 1
             self.lost_samples += lost
-            print(f"rx: virtual device {self.serial}: overflow, {lost} samples lost at device "
-                  f"time {self._device_time(self._next_index):.6f} s", file=sys.stderr,
-                  flush=True)
-            self._set_chunk(index, x, 0)
-            return
+            print(f"rx: virtual device {self.serial}: overflow, {lost} samples missing at "
+                  f"device time {self._device_time(self._next_index):.6f} s"
+                  + ("; zeros stand in" if lost <= MAX_FILL else "; the stream is retagged"),
+                  file=sys.stderr, flush=True)
+            if lost > MAX_FILL:  # too long to fill: the sample count no longer maps to time
+                self._set_chunk(index, x, 0)
+                return
+            x = np.concatenate([np.zeros(lost, np.complex64), x])
+            index = self._next_index
         self._set_chunk(index, x, self._next_index - index, retag=False)
 
     def _set_chunk(self, index: int, x: np.ndarray, first: int, retag: bool = True) -> None:

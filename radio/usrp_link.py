@@ -16,6 +16,7 @@ missed or a frame not found lose one upload (:class:`~radio.link.LinkError`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from radio.flowgraph_process import SYSTEM_PYTHON, FlowgraphError
 from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams
 from radio.link import LinkError, LinkFailed, Reception
+from radio.time_sync import measure_offset
 from radio.uhd_probe import find_usrps
 from radio.usrp_stream import (  # noqa: F401 - BURST_MAGIC, burst_header, _RxRing re-exported
     BURST_MAGIC,
@@ -75,6 +77,8 @@ class UsrpLink(FrameLink):
     log_dir
         Folder for the flowgraphs' logs (``tx.log``, ``rx.log``, kept); ``None``: anonymous
         temporary files, gone when the link is closed.
+    on_close
+        Called once the flowgraphs are stopped (a virtual air started for this link).
     **kwargs
         Passed to :class:`~radio.frame_link.FrameLink`.
 
@@ -98,9 +102,11 @@ class UsrpLink(FrameLink):
         settings: UsrpSettings,
         *,
         log_dir: Path | None = None,
+        on_close: Callable[[], None] | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(waveform, **kwargs)  # type: ignore[arg-type]
+        self.on_close = on_close
         self.settings = s = settings
         if abs(s.sample_rate_hz - waveform.sample_rate_hz) > 1e-6 * s.sample_rate_hz:
             raise ValueError(
@@ -130,7 +136,13 @@ class UsrpLink(FrameLink):
                                air_address=s.rx_air_address, **radio)
             self.tx = TxStream(device_args=s.tx_args, gain_db=s.tx_gain_db,
                                antenna=s.tx_antenna, air_address=s.tx_air_address, **radio)
-            self.clock_offset_s = self.rx.usrp_time_now() - self.tx.usrp_time_now()
+            # Receiver time minus transmitter time, from the fastest of several bracketed
+            # readings (one pair of sequential calls is off by their latency: tens of ms
+            # on a loaded host, more than the capture margin).
+            tx_minus_rx = measure_offset(self.tx.usrp_time_now, exchanges=5,
+                                         clock=self.rx.usrp_time_now, drift_ppm=0.0,
+                                         hold_s=0.0)
+            self.clock_offset_s = -tx_minus_rx.offset_s
         except FlowgraphError as exc:
             self.close()
             raise LinkFailed(f"usrp link could not start: {exc}") from exc
@@ -149,6 +161,10 @@ class UsrpLink(FrameLink):
         scaled = scale_for_dac(samples, s.tx_amplitude, f"usrp link: upload of {where}")
         try:
             tx_time = self.tx.usrp_time_now() + s.burst_lead_s
+            # Not before the receiver streams (it starts start_after_s after its epoch):
+            # a first upload right after start-up would be captured before its samples.
+            tx_time = max(tx_time, self.rx.start_time - self.clock_offset_s
+                          + s.capture_margin_s)
             rx_now = self.rx.usrp_time_now()
         except FlowgraphError as exc:
             raise LinkFailed(
@@ -196,3 +212,6 @@ class UsrpLink(FrameLink):
                     self.tx.close()
             finally:
                 self.tx = None
+                on_close, self.on_close = self.on_close, None
+                if on_close is not None:
+                    on_close()

@@ -203,10 +203,16 @@ class TxStream:
     def send(self, scaled: np.ndarray, tx_time_s: float, where: str, wait_s: float) -> None:
         """Hand one burst (DAC-scaled samples) to the flowgraph, due at USRP ``tx_time_s``.
 
+        Returns once the burst has left this process (ZeroMQ wrote its last byte to the
+        socket; at most ``wait_s`` more), so that it reaches the flowgraph even if this
+        process dies right after: ZeroMQ's send only queues the message, and a process
+        killed before its I/O thread wrote it loses the burst. Past ``wait_s`` it returns
+        all the same: the burst may still go out, so it is never reported as not sent.
+
         Raises
         ------
         LinkFailed
-            The flowgraph took no samples within ``wait_s``.
+            The flowgraph took no samples within ``wait_s`` (nothing was queued).
         """
         proc = self._proc()
         burst = np.concatenate(
@@ -214,7 +220,11 @@ class TxStream:
         )
         if not self.push.poll(int(1000 * wait_s), zmq.POLLOUT):
             raise LinkFailed(f"{where}: the tx flowgraph (pid {proc.pid}) takes no samples")
-        self.push.send(burst.tobytes())
+        tracker = self.push.send(burst.tobytes(), copy=False, track=True)
+        try:
+            tracker.wait(wait_s)
+        except zmq.NotDone:
+            pass  # queued, still going: the caller's intent stays journalled
 
     def close(self) -> None:
         """Stop the flowgraph and close the socket. Idempotent."""
@@ -329,8 +339,13 @@ class RxStream:
         proc = self._proc()
         assert self.ring is not None
         start = int(round((t_usrp_s - self.start_time) * self.fs))
+        if start < 0:
+            raise LinkError(
+                f"usrp link: capture window at USRP time {t_usrp_s:.6f} s begins before the "
+                f"receiver's stream ({self.start_time:.6f} s)"
+            )
         try:
-            return self.ring.read(max(start, 0), n, timeout_s)
+            return self.ring.read(start, n, timeout_s)
         except LinkFailed:
             proc.check_alive()  # a dead receiver says so, with its log
             raise

@@ -245,3 +245,27 @@ def test_virtual_darkroom_run_fades_and_reports_snr_and_epsilon_spread(
     assert "snr.png" in report and (run / "report" / "snr.png").exists()
     assert "epsilon across devices" in report
     _no_process_left(out)
+
+
+def test_radio_loopback_through_a_private_virtual_air() -> None:
+    """``testbed radio loopback --hw hw_configs/virtual_lab.yaml`` works as for the other
+    links: the single-process usrp link (usrp.tx_args -> usrp.rx_args) gets an air of its
+    own for the run, gone afterwards; the SNR it measures is tx0's link budget (20 dB)."""
+    require_gnuradio()
+    import subprocess
+    import sys
+
+    before = {p for p, (_, cmd) in _proc_table().items() if " air " in cmd}
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed", "radio", "loopback", "--hw",
+         str(ROOT / "hw_configs" / "virtual_lab.yaml"), "--link", "usrp", "--trials", "2",
+         "--n-symbols", "2000", "--snr-db", "20", "--json"],
+        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    point = json.loads(out.stdout.strip().splitlines()[-1])
+    assert point["frames_lost"] == 0 and point["link"] == "usrp", point
+    assert abs(point["snr_est_db"] - 20.0) < 1.0, point
+    assert point["nmse_db"] < -15.0, point
+    after = {p for p, (_, cmd) in _proc_table().items() if " air " in cmd}
+    assert after <= before  # its air stopped with the link

@@ -169,6 +169,16 @@ def _build_link(
     if name == "usrp":
         from radio.usrp_link import UsrpLink, UsrpSettings
 
+        air = None
+        if hw.virtual:  # its own air between its virtual transmitter and receiver
+            from radio.link import LinkFailed
+            from testbed.core.private_air import PrivateAir
+
+            try:
+                air = PrivateAir(hw, log_dir)
+            except RuntimeError as exc:
+                raise LinkFailed(f"usrp link (virtual radios): {exc}") from exc
+            hw = air.hw
         u = hw.usrp
         settings = UsrpSettings(
             tx_args=u.tx_args,
@@ -188,8 +198,14 @@ def _build_link(
             tx_air_address=hw.virtual_air.burst_address if hw.virtual else "",
             rx_air_address=hw.virtual_air.stream_address if hw.virtual else "",
         )
-        return UsrpLink(
-            waveform_params(hw), settings, log_dir=log_dir, confidence=confidence,
-            record_dir=record_dir, center_freq_hz=hw.center_freq_hz, hw_name=hw.name,
-        )
+        try:
+            return UsrpLink(
+                waveform_params(hw), settings, log_dir=log_dir, confidence=confidence,
+                record_dir=record_dir, center_freq_hz=hw.center_freq_hz, hw_name=hw.name,
+                on_close=None if air is None else air.close,
+            )
+        except BaseException:
+            if air is not None:
+                air.close()
+            raise
     raise ValueError(f"link: got {name!r}; allowed: 'symbol', 'waveform', 'gnuradio', 'usrp'")

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""A virtual-lab round against the in-process round on the same settings.
+
+Runs a small record-level channel-dp job (the lab tests' settings: ``private-fedsgd.yaml``,
+4 devices of 2000 samples, Poisson batches of 256, the MNIST CNN) twice, alternating
+``--repeats`` times so that a busy machine slows both alike:
+
+* **virtual lab**: ``testbed launch ... --hw hw_configs/virtual_lab.yaml``: the virtual air,
+  the aggregator with its ``rx`` flowgraph, 4 edges each with its ``tx`` flowgraph, every
+  upload a timed burst in its TDMA slot (``--train-allowance`` seconds from the round
+  request to the first slot);
+* **baseline**: ``testbed run`` in one process on the same hardware config with
+  ``link=waveform`` (the same frames through the numpy emulator; no processes, no slots).
+
+Figures (medians over rounds 1..R-1 and repeats):
+
+* ``virtual_lab_round``: wall time of a lab round / the in-process round (no aim: the lab
+  round waits for its slots by design; the note splits it into the train allowance, the
+  capture and the rest);
+* ``virtual_lab_round_after_allowance``: the lab round less its train allowance (the
+  slots, the capture, decoding, settling; training ran inside the allowance) / the same;
+* ``virtual_lab_cpu``: CPU seconds of all lab processes per round (air, flowgraphs, edges,
+  aggregator) / the in-process run's per round.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_virtual_lab.py [--rounds 4] [--repeats 1]
+        [--train-allowance 6] [--full] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from testbed.bench_figures import Figure, figure, format_table
+from testbed.core.config.loader import load_experiment
+from testbed.core.rundir import read_jsonl
+from testbed.lab.launch import launch
+from testbed.runner import run_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "testbed" / "config" / "private-fedsgd.yaml")
+HW = str(ROOT / "hw_configs" / "virtual_lab.yaml")
+SETS = ["train_samples=8000", "eval_samples=300", "batch_size=256", "scheme=channel-dp",
+        "eval_every=100", "privacy.trusted_channel_noise=1"]
+DEVICES = 4
+
+
+def _cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def lab_run(out: Path, rounds: int, allowance: float) -> tuple[list[dict[str, Any]], float]:
+    """The virtual lab; returns its metrics lines and the CPU seconds of all its processes."""
+    before = _cpu_children()
+    code = launch(CONFIG, DEVICES, out, overrides=[*SETS, f"rounds={rounds}"],
+                  hw_overrides=[], hw_config=HW, round_timeout_s=120, join_timeout_s=180,
+                  train_allowance_s=allowance)
+    if code != 0:
+        raise RuntimeError(f"virtual lab run failed (exit {code}); logs in {out / 'logs'}")
+    return read_jsonl(out / "aggregator" / "metrics.jsonl"), _cpu_children() - before
+
+
+def in_process_run(out: Path, rounds: int) -> tuple[list[dict[str, Any]], float]:
+    """The same job in one process (link waveform); its metrics and CPU seconds."""
+    cfg = load_experiment(CONFIG, [*SETS, f"rounds={rounds}", f"devices={DEVICES}",
+                                   f"hw_config={HW}", "link=waveform"])
+    before = _cpu_self()
+    summary = run_experiment(cfg, out)
+    if summary["status"] != "completed":
+        raise RuntimeError(f"in-process run: {summary['status']}: {summary['reason']}")
+    return read_jsonl(out / "metrics.jsonl"), _cpu_self() - before
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds per run (default 4, with --full 8); >= 3")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="alternating pairs of runs (default 1, with --full 2)")
+    p.add_argument("--train-allowance", type=float, default=6.0,
+                   help="seconds from the round request to the first slot (default 6)")
+    p.add_argument("--full", action="store_true", help="the large sizes")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    rounds = args.rounds or (8 if args.full else 4)
+    repeats = args.repeats or (2 if args.full else 1)
+    if rounds < 3 or repeats < 1:
+        p.error("need --rounds >= 3 and --repeats >= 1")
+    lab_rounds, base_rounds, lab_cpu, base_cpu = [], [], [], []
+    split: dict[str, list[float]] = {"capture": [], "decode": [], "gate": [], "keep": []}
+    with tempfile.TemporaryDirectory(prefix="bench_virtual_lab_") as tmp:
+        for rep in range(repeats):
+            for kind in ("lab", "in-process") if rep % 2 == 0 else ("in-process", "lab"):
+                print(f"repeat {rep + 1}/{repeats}: {kind}, {rounds} rounds", file=sys.stderr)
+                out = Path(tmp) / f"{kind}-{rep}"
+                if kind == "lab":
+                    lines, cpu = lab_run(out, rounds, args.train_allowance)
+                    lab_rounds += [m["wall_s"]["round"] for m in lines[1:]]
+                    lab_cpu.append(cpu / rounds)
+                    for key, values in split.items():
+                        values += [m["wall_s"].get(key, 0.0) for m in lines[1:]]
+                else:
+                    lines, cpu = in_process_run(out, rounds)
+                    base_rounds += [m["wall_s"]["round"] for m in lines[1:]]
+                    base_cpu.append(cpu / rounds)
+    lab_round, base_round = statistics.median(lab_rounds), statistics.median(base_rounds)
+    parts = ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in split.items())
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    figures: list[Figure] = [
+        figure("virtual_lab_round", lab_round, base_round, "s", better="lower",
+               baseline_name="in-process round, link waveform, same settings",
+               note=f"{DEVICES} devices, {rounds} rounds x {repeats}; a lab round = the train "
+                    f"allowance ({args.train_allowance:g} s from the request to the first "
+                    f"slot: the edges train in it) + the slots + {parts}; {load}"),
+        figure("virtual_lab_round_after_allowance", lab_round - args.train_allowance,
+               base_round, "s", better="lower",
+               baseline_name="in-process round, link waveform, same settings",
+               note="the lab round less its train allowance: the slots, the capture, "
+                    "decoding, settling and aggregation (training ran inside the allowance)"),
+        figure("virtual_lab_cpu", statistics.median(lab_cpu), statistics.median(base_cpu),
+               "CPU s/round", better="lower",
+               baseline_name="in-process run's CPU per round",
+               note=f"all lab processes (air, 5 flowgraphs, 4 edges, aggregator) incl. "
+                    f"start-up, over {rounds} rounds; {load}"),
+    ]
+    result = {"rounds": rounds, "repeats": repeats, "train_allowance_s": args.train_allowance,
+              "lab_rounds_s": lab_rounds, "in_process_rounds_s": base_rounds,
+              "lab_cpu_s_per_round": lab_cpu, "in_process_cpu_s_per_round": base_cpu,
+              "loadavg": os.getloadavg(), "figures": [f.to_json() for f in figures]}
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(format_table([("virtual_lab", f, "ok") for f in figures]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

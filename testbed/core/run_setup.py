@@ -85,7 +85,7 @@ def device_settings(
         with_credit = _resolve(credited, hw, d, dataset_sizes)
         uplinks = [replace(b, trusted=c.trusted) for b, c in zip(bare[0], with_credit[0],
                                                                   strict=True)]
-        records = [None if b is None else replace(b, credit_channel=c.credit_channel)
+        records = [None if b is None or c is None else replace(b, credit_channel=c.credit_channel)
                    for b, c in zip(bare[1], with_credit[1], strict=True)]
         return uplinks, records
     return _resolve(cfg, hw, d, dataset_sizes)

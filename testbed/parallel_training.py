@@ -23,7 +23,6 @@ kills what is still alive after a grace period, and reaps them.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -39,6 +38,7 @@ import torch
 
 from edge_device.device_worker import Trained
 from testbed.core.blas_threads import limit_blas_threads
+from testbed.core.child_process import die_with_parent
 
 #: Makes (in a worker) the trainer of a device; ``(device, record settings) -> trainer``.
 TrainerFactory = Callable[[int, Any], Any]
@@ -51,23 +51,10 @@ EXIT_GRACE_S = 2.0
 POLL_S = 0.2
 #: Tasks queued per worker (2: the next one is there when the current one ends).
 DEPTH = 2
-_PR_SET_PDEATHSIG = 1
 
 
 class WorkerFailed(RuntimeError):
     """A worker process died or could not report (not an error of the training itself)."""
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux), and exit now if
-    the parent is already gone."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: close() still reaps the workers
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def _worker_main(
@@ -81,7 +68,7 @@ def _worker_main(
     """A worker: answer tasks on ``conn`` until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     for fd in close_fds:  # e.g. the run directory's lock: only the run may hold it
         try:
             os.close(fd)

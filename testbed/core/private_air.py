@@ -10,27 +10,19 @@ with the link. It dies with the process that started it.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from testbed.core.child_process import die_with_parent
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.safe_yaml import dump_yaml_text
 
 #: Seconds the air may take to print its start line (imports on a loaded machine).
 START_TIMEOUT_S = 120.0
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class PrivateAir:
@@ -77,7 +69,7 @@ class PrivateAir:
                 [sys.executable, "-m", "testbed", "air", "--hw", str(config), "--log-dir",
                  str(folder / "air"), "--parent-pid", str(os.getpid())],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         try:
             self._wait_started()

@@ -19,7 +19,6 @@ device args changed.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -28,17 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.core.child_process import die_with_parent
+
 #: Seconds a child gets to exit after SIGTERM before SIGKILL.
 GRACE_S = 15.0
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Child pre-exec: SIGKILL this process when the launcher dies (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def testbed_command() -> list[str]:
@@ -57,7 +49,7 @@ class Children:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         self.procs[name] = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent, start_new_session=True, env=env,
+            preexec_fn=die_with_parent, start_new_session=True, env=env,
         )
         log.close()
 

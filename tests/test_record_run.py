@@ -146,7 +146,8 @@ def test_estimated_channel_bounds_are_charged_to_delta(
         failure = math.fsum(e.bound_failure_prob for e in mine)
         assert all(e.bound_failure_prob == pytest.approx(2 * (1 - confidence)) for e in mine)
         assert dev["delta_total"] == pytest.approx(1e-5 + failure)
-        assert dev["delta_total"] <= 1.1e-5  # default confidence keeps the sum <= delta / 10
+        # default confidence keeps the sum <= delta / 10 (equal when every upload is credited)
+        assert dev["delta_total"] <= 1.1e-5 * (1 + 1e-9)  # 1 - confidence cancels: ~1e-10
 
 
 def test_meta_says_where_the_credited_noise_comes_from(

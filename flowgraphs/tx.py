@@ -15,6 +15,9 @@ required) a :class:`virtual_usrp.virtual_sink` stands in for the UHD sink, also 
 never imported. The sink's async events (gr-uhd's ``async_msgs``, real or virtual) are
 counted: ``get_late_bursts`` (``TIME_ERROR``: bursts that arrived after their ``tx_time``)
 and ``get_async_events`` (the last 64, ``[code, device time]``) over XML-RPC.
+
+When its parent process dies (``--parent-pid``) the flowgraph first passes on what it had
+taken (a burst handed over just before still goes out; at most ``DRAIN_S``), then stops.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,6 +47,10 @@ from usrp_common import (  # noqa: E402
     virtual_problem,
 )
 
+#: Seconds without new input after which a flowgraph whose parent died has read everything
+#: its parent handed over (``tx.drained``).
+QUIET_S = 0.2
+
 
 class tx(gr.top_block):  # noqa: N801 - GRC naming convention
     """ZMQ -> burst tagger -> USRP sink (or a null sink when ``open_device`` is false).
@@ -61,6 +69,7 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
         self.uhd_blocks: list[str] = []
         self.virtual = ""
         self.events = None
+        self._taken, self._taken_at = -1, 0.0  # items taken in (drained), and since when
         self.source = zeromq.pull_source(gr.sizeof_gr_complex, 1, args.in_address, 100, False, -1)
         self.tagger = burst_tagger()
         if open_device and is_virtual(args.device_args):
@@ -142,6 +151,21 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
     def get_samples_in(self) -> float:
         return float(self.source.nitems_written(0))
 
+    def drained(self) -> bool:
+        """Whether every item taken in has passed the tagger into the sink (no burst half
+        way) and the sink has sent every burst on (a virtual sink: written to the air's
+        socket), with nothing new taken in for :data:`QUIET_S` (what its socket still held
+        has been read)."""
+        now = time.monotonic()
+        taken = int(self.source.nitems_written(0))
+        if taken != self._taken:
+            self._taken, self._taken_at = taken, now
+        flushed = getattr(self.sink, "flushed", None)
+        return (now - self._taken_at >= QUIET_S and int(self.tagger.nitems_read(0)) == taken
+                and self.tagger.remaining == 0
+                and int(self.sink.nitems_read(0)) == int(self.tagger.nitems_written(0))
+                and (flushed is None or bool(flushed())))
+
     def ping(self) -> str:
         return "tx"
 
@@ -162,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(build_report("tx", tb.block_list(), tb.uhd_blocks, tb.virtual), flush=True)
         return 0
     server = serve_xmlrpc(tb, args.xmlrpc_port)
-    run_until_stopped(tb, args.parent_pid, "tx")
+    # A parent that dies right after handing a burst over: the burst still goes out.
+    run_until_stopped(tb, args.parent_pid, "tx", drained=tb.drained)
     if server is not None:
         server.shutdown()
     return 0

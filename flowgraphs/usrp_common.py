@@ -352,8 +352,18 @@ def serve_xmlrpc(tb: object, port: int) -> SimpleXMLRPCServer | None:
     return server
 
 
-def run_until_stopped(tb: gr.top_block, parent_pid: int, name: str) -> None:
-    """Start ``tb``; stop on SIGINT/SIGTERM or when the parent process disappears."""
+#: Seconds at most a flowgraph whose parent died keeps running to pass on what it took.
+DRAIN_S = 2.0
+
+
+def run_until_stopped(tb: gr.top_block, parent_pid: int, name: str,
+                      drained: Callable[[], bool] | None = None) -> None:
+    """Start ``tb``; stop on SIGINT/SIGTERM or when the parent process disappears.
+
+    ``drained``: when the parent is gone, the flowgraph first runs until it returns true
+    (polled every 50 ms, at most :data:`DRAIN_S`): what the parent handed over before it
+    died is passed on (tx: a burst the USRP took goes out), not cut off mid-graph.
+    """
     done = threading.Event()
 
     def stop(sig: int | None = None, frame: object = None) -> None:
@@ -365,6 +375,10 @@ def run_until_stopped(tb: gr.top_block, parent_pid: int, name: str) -> None:
     print(f"{name}: running", flush=True)
     while not done.wait(0.5):
         if parent_pid and os.getppid() != parent_pid:
+            print(f"{name}: parent process {parent_pid} is gone; stopping", flush=True)
+            end = time.monotonic() + DRAIN_S
+            while drained is not None and not drained() and time.monotonic() < end:
+                time.sleep(0.05)
             break
     tb.stop()
     tb.wait()

@@ -303,6 +303,7 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
         self._sock: zmq.Socket | None = None
         self._connect_deadline = 0.0
         self._timers: list[threading.Timer] = []
+        self._last_push: zmq.MessageTracker | None = None  # the last burst's, until written
         #: Bursts pushed to the air.
         self.bursts_sent = 0
         #: Bursts whose tx_time had passed on arrival (dropped, TIME_ERROR).
@@ -320,6 +321,7 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to an air that is there
+        sock.copy_threshold = 0  # every burst tracked until written (flushed)
         sock.connect(self.air_address)
         self._sock = sock
         self._connect_deadline = time.monotonic() + CONNECT_WAIT_S
@@ -431,7 +433,8 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
         if wait_ms > 0:
             self._sock.poll(wait_ms, zmq.POLLOUT)
         try:
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            self._last_push = self._sock.send_multipart(frames, flags=zmq.NOBLOCK,
+                                                        copy=False, track=True)
         except zmq.Again:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 100 == 0:
@@ -440,6 +443,12 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
                       flush=True)
             return False
         return True
+
+    def flushed(self) -> bool:
+        """Whether every burst pushed has been written to the air's socket (ZeroMQ's send
+        only queues it: a flowgraph stopped before its I/O thread wrote it loses it)."""
+        tracker = self._last_push
+        return tracker is None or tracker.done
 
     def _ack_at(self, end_device_s: float) -> None:
         """Post ``BURST_ACK`` once the device clock has passed ``end_device_s``."""

@@ -157,7 +157,10 @@ class TxStream:
         air_address: str = "", python: str = SYSTEM_PYTHON, log_dir: Path | None = None,
         startup_timeout_s: float = 60.0,
     ) -> None:
-        self.push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
+        # copy_threshold 0: every burst zero-copy and tracked (``send`` waits until it is
+        # written); below the threshold pyzmq copies a message and reports it written at once.
+        self.push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH,
+                                                                     copy_threshold=0)
         self.push.setsockopt(zmq.LINGER, 0)
         address = f"tcp://127.0.0.1:{self.push.bind_to_random_port('tcp://127.0.0.1')}"
         try:

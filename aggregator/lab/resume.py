@@ -153,6 +153,9 @@ def ask_again(remote: Any, t: int, w: np.ndarray,
     Returns the devices asked.
     """
     if remote.capture is not None:
+        for i in charged:
+            remote._settled[i] = lost_entry(
+                i, "not asked again: over USRPs a second burst would be a second release")
         return set()
     weights = np.ascontiguousarray(w, dtype="<f8").tobytes()
     asked = set()

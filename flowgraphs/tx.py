@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,10 +46,6 @@ from usrp_common import (  # noqa: E402
     virtual_problem,
 )
 
-#: Seconds without new input after which a flowgraph whose parent died has read everything
-#: its parent handed over (``tx.drained``).
-QUIET_S = 0.2
-
 
 class tx(gr.top_block):  # noqa: N801 - GRC naming convention
     """ZMQ -> burst tagger -> USRP sink (or a null sink when ``open_device`` is false).
@@ -69,7 +64,6 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
         self.uhd_blocks: list[str] = []
         self.virtual = ""
         self.events = None
-        self._taken, self._taken_at = -1, 0.0  # items taken in (drained), and since when
         self.source = zeromq.pull_source(gr.sizeof_gr_complex, 1, args.in_address, 100, False, -1)
         self.tagger = burst_tagger()
         if open_device and is_virtual(args.device_args):
@@ -154,15 +148,11 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
     def drained(self) -> bool:
         """Whether every item taken in has passed the tagger into the sink (no burst half
         way) and the sink has sent every burst on (a virtual sink: written to the air's
-        socket), with nothing new taken in for :data:`QUIET_S` (what its socket still held
-        has been read)."""
-        now = time.monotonic()
+        socket). The sender waits until the flowgraph took each burst (``get_samples_in``),
+        so once it is gone nothing more comes in."""
         taken = int(self.source.nitems_written(0))
-        if taken != self._taken:
-            self._taken, self._taken_at = taken, now
         flushed = getattr(self.sink, "flushed", None)
-        return (now - self._taken_at >= QUIET_S and int(self.tagger.nitems_read(0)) == taken
-                and self.tagger.remaining == 0
+        return (int(self.tagger.nitems_read(0)) == taken and self.tagger.remaining == 0
                 and int(self.sink.nitems_read(0)) == int(self.tagger.nitems_written(0))
                 and (flushed is None or bool(flushed())))
 

@@ -353,7 +353,7 @@ def serve_xmlrpc(tb: object, port: int) -> SimpleXMLRPCServer | None:
 
 
 #: Seconds at most a flowgraph whose parent died keeps running to pass on what it took.
-DRAIN_S = 2.0
+DRAIN_S = 5.0
 
 
 def run_until_stopped(tb: gr.top_block, parent_pid: int, name: str,

@@ -446,7 +446,9 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
 
     def flushed(self) -> bool:
         """Whether every burst pushed has been written to the air's socket (ZeroMQ's send
-        only queues it: a flowgraph stopped before its I/O thread wrote it loses it)."""
+        only queues it: a flowgraph stopped before its I/O thread wrote it loses it). A
+        burst under ZeroMQ's 8 KB batch counts once copied into the I/O thread's batch,
+        which that thread writes in the same step."""
         tracker = self._last_push
         return tracker is None or tracker.done
 

@@ -21,7 +21,13 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from radio.flowgraph_process import FLOWGRAPH_DIR, SYSTEM_PYTHON, FlowgraphProcess, free_tcp_port
+from radio.flowgraph_process import (
+    FLOWGRAPH_DIR,
+    SYSTEM_PYTHON,
+    FlowgraphError,
+    FlowgraphProcess,
+    free_tcp_port,
+)
 from radio.link import LinkError, LinkFailed
 
 #: Header layout shared with ``flowgraphs/burst_tagger.py``.
@@ -157,11 +163,10 @@ class TxStream:
         air_address: str = "", python: str = SYSTEM_PYTHON, log_dir: Path | None = None,
         startup_timeout_s: float = 60.0,
     ) -> None:
-        # copy_threshold 0: every burst zero-copy and tracked (``send`` waits until it is
-        # written); below the threshold pyzmq copies a message and reports it written at once.
-        self.push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH,
-                                                                     copy_threshold=0)
+        self.push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
+        #: Items (headers included) pushed to the flowgraph so far.
+        self.items_sent = 0
         address = f"tcp://127.0.0.1:{self.push.bind_to_random_port('tcp://127.0.0.1')}"
         try:
             self.proc: FlowgraphProcess | None = FlowgraphProcess(
@@ -206,11 +211,12 @@ class TxStream:
     def send(self, scaled: np.ndarray, tx_time_s: float, where: str, wait_s: float) -> None:
         """Hand one burst (DAC-scaled samples) to the flowgraph, due at USRP ``tx_time_s``.
 
-        Returns once the burst has left this process (ZeroMQ wrote its last byte to the
-        socket; at most ``wait_s`` more), so that it reaches the flowgraph even if this
-        process dies right after: ZeroMQ's send only queues the message, and a process
-        killed before its I/O thread wrote it loses the burst. Past ``wait_s`` it returns
-        all the same: the burst may still go out, so it is never reported as not sent.
+        Returns once the flowgraph has taken the whole burst (its ``get_samples_in``; at
+        most ``wait_s`` more), so that the burst goes out even if this process dies right
+        after (the flowgraph passes on what it took before it stops): ZeroMQ's send only
+        queues a message, and a process killed before its I/O thread wrote it loses the
+        burst. Past ``wait_s`` it returns all the same: the burst may still go out, so it is
+        never reported as not sent once queued.
 
         Raises
         ------
@@ -223,11 +229,15 @@ class TxStream:
         )
         if not self.push.poll(int(1000 * wait_s), zmq.POLLOUT):
             raise LinkFailed(f"{where}: the tx flowgraph (pid {proc.pid}) takes no samples")
-        tracker = self.push.send(burst.tobytes(), copy=False, track=True)
+        self.push.send(burst.tobytes())
+        self.items_sent += burst.size
+        end = time.monotonic() + wait_s
         try:
-            tracker.wait(wait_s)
-        except zmq.NotDone:
-            pass  # queued, still going: the caller's intent stays journalled
+            while (proc.call_float("get_samples_in") < self.items_sent
+                   and time.monotonic() < end):
+                time.sleep(0.002)
+        except FlowgraphError:
+            pass  # queued; a dead flowgraph is the caller's next check (confirm)
 
     def close(self) -> None:
         """Stop the flowgraph and close the socket. Idempotent."""

@@ -124,14 +124,15 @@ def _no_process_left(tmp_path: Path, hw: Path) -> None:
 #: A process that hands two bursts (one above pyzmq's copy threshold, one below) to its tx
 #: flowgraph on a virtual USRP, due 3 s ahead, and dies at once (SIGKILL). With argument
 #: ``stop`` it first stops the flowgraph (SIGSTOP): a loaded host on which the flowgraph got
-#: no CPU between the hand-off and its parent's death. Prints the flowgraph's pid first.
+#: no CPU between the hand-off and its parent's death. Prints the flowgraph's pid first;
+#: the flowgraph's log in the folder of the third argument.
 _HAND_OVER_AND_DIE = """
 import os, signal, sys
 import numpy as np
 from radio.usrp_stream import TxStream
 tx = TxStream(device_args="type=virtual,serial=edge1", gain_db=30.0, antenna="TX/RX",
               sample_rate_hz=1e6, center_freq_hz=915e6, clock_source="internal",
-              time_source="internal", air_address=sys.argv[1])
+              time_source="internal", air_address=sys.argv[1], log_dir=sys.argv[3])
 print(tx.proc.proc.pid, flush=True)
 t = tx.usrp_time_now() + 3.0
 for n, at in ((60000, t), (1000, t + 0.1)):
@@ -145,7 +146,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.gnuradio
 @pytest.mark.parametrize("flowgraph", ["running", "stop"])
 def test_bursts_handed_over_reach_the_air_though_the_process_dies_at_once(
-    flowgraph: str,
+    tmp_path: Path, flowgraph: str,
 ) -> None:
     """``TxStream.send`` returns once the burst has left the process (not merely queued in
     ZeroMQ), and a tx flowgraph whose parent died passes on what it took before it stops
@@ -162,8 +163,9 @@ def test_bursts_handed_over_reach_the_air_though_the_process_dies_at_once(
     air.bind(address)
     child: subprocess.Popen[bytes] | None = None
     try:
-        child = subprocess.Popen([sys.executable, "-c", _HAND_OVER_AND_DIE, address, flowgraph],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = subprocess.Popen([sys.executable, "-c", _HAND_OVER_AND_DIE, address, flowgraph,
+                                  str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
         assert child.stdout is not None
         out = child.stdout.readline().decode()
         assert child.wait(120) == -9, out + child.stdout.read().decode()
@@ -174,7 +176,8 @@ def test_bursts_handed_over_reach_the_air_though_the_process_dies_at_once(
         while len(got) < 2 and air.poll(15_000):
             header, x = decode_burst(air.recv_multipart())
             got.append((header.serial, header.n, x.size))
-        assert got == [("edge1", 60000, 60000), ("edge1", 1000, 1000)], got
+        assert got == [("edge1", 60000, 60000), ("edge1", 1000, 1000)], \
+            (got, (tmp_path / "tx.log").read_text())
         parent = child.pid
         wait_for(lambda: not _orphans("tx.py", parent), ORPHAN_S, "the tx flowgraph to exit")
     finally:

@@ -63,6 +63,7 @@ def test_launch_over_the_gnuradio_channel_emulator(tmp_path: Path) -> None:
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # default: test_lab_resume's edge kill; test_virtual_lab_faults (slow) too
 def test_edge_killed_mid_round_rejoins_and_ledgers_agree(tmp_path: Path) -> None:
     keys, endpoint, procs = new_lab(tmp_path, 3)
     run = tmp_path / "agg"
@@ -93,6 +94,7 @@ def test_edge_killed_mid_round_rejoins_and_ledgers_agree(tmp_path: Path) -> None
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # default: test_lab_resume's aggregator kills after a commit (2 schemes)
 def test_aggregator_killed_resumes_and_ledgers_agree(tmp_path: Path) -> None:
     keys, endpoint, procs = new_lab(tmp_path, 3)
     run = tmp_path / "agg"

@@ -95,6 +95,7 @@ def test_channel_credit_replaces_artificial_noise_and_is_accounted() -> None:
     assert ch.K <= ldp.K
 
 
+@pytest.mark.slow  # 20 s; the default keeps test_solver_algorithm's brute-force comparison
 def test_integer_plan_is_the_best_k_of_a_brute_force_scan() -> None:
     terms = _terms("rdp")
     scn = _scenario(terms)

@@ -53,6 +53,7 @@ def test_launch_equals_in_process_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.gnuradio
+@pytest.mark.slow  # 16 s; the lab's flowgraphs run in test_virtual_lab
 def test_launch_over_the_gnuradio_channel_emulator(tmp_path: Path) -> None:
     code = launch(None, 4, tmp_path / "lab", overrides=[*PLAIN_SETS, "rounds=5",
                                                         "link=gnuradio"],

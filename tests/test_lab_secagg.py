@@ -262,6 +262,7 @@ def test_secagg_lab_run_sums_exactly_then_abandons_a_round_of_too_few(tmp_path: 
     assert summary["energy_comm_j_per_device"] == [0.0] * 4
 
 
+@pytest.mark.slow  # 42 s; test_peer_secagg covers dropouts fast
 def test_secagg_lab_round_survives_dropouts_before_and_after_masking(tmp_path: Path) -> None:
     # r = 5 of 5, threshold 3: device 1 dies once its masked input arrived (before it
     # answers the unmasking), device 2 after recording its upload, before masking

@@ -40,6 +40,7 @@ def _close(text: str, value: float | None) -> bool:
     return math.isclose(float(text), value, rel_tol=1e-3, abs_tol=1e-12)
 
 
+@pytest.mark.slow  # 36 s; fig2bc and fig3 stay in the default selection
 def test_table1_numbers_come_from_the_run_dirs_they_name(tmp_path: Path) -> None:
     out = tmp_path / "rep"
     cmd = [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "channel-dp",

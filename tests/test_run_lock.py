@@ -72,6 +72,7 @@ def _wait_for_air(proc: subprocess.Popen, air: Path, deadline_s: float = 600) ->
     raise AssertionError(f"the resume never transmitted (exit {proc.poll()})")
 
 
+@pytest.mark.slow  # 16 s; the lock itself: test_deleting_the_lock_file_does_not_release_the_lock
 def test_a_second_resume_is_refused_after_the_lock_file_is_deleted(
     tmp_path: Path, tiny_overrides: list[str]
 ) -> None:

@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Record-level channel-dp crediting the channel noise, 3 rounds, 4 devices.
 SETS = [*RECORD_SETS, "rounds=3", "privacy.trusted_channel_noise=1", "train_samples=8000"]
 #: Seconds from the round request to the first slot: the edges train in it (about 3 s for
-#: the first round, 4 edges on 2 cores; 4x that leaves room for a loaded machine, where an
-#: edge that misses its slot refuses the round; the default is 10).
-TRAIN_ALLOWANCE_S = 12.0
+#: the first round, 4 edges on 2 cores; 3x that leaves room for a loaded machine, where an
+#: edge that misses its slot refuses the round). The aggregator's default.
+TRAIN_ALLOWANCE_S = 10.0
 #: Parameters of the config's model (mnist-cnn): the upload's coordinates.
 CNN_PARAMETERS = 21840
 

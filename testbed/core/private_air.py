@@ -25,6 +25,20 @@ from testbed.core.config.safe_yaml import dump_yaml_text
 START_TIMEOUT_S = 120.0
 
 
+def with_loopback_air(hw: HardwareConfig) -> HardwareConfig:
+    """``hw`` with its virtual air on two free loopback ports (burst and stream)."""
+    from radio.flowgraph_process import free_tcp_port
+
+    burst, stream = free_tcp_port(), free_tcp_port()
+    while stream == burst:
+        stream = free_tcp_port()
+    air = hw.virtual_air.model_copy(update={
+        "burst_address": f"tcp://127.0.0.1:{burst}",
+        "stream_address": f"tcp://127.0.0.1:{stream}",
+    })
+    return hw.model_copy(update={"virtual_air": air})
+
+
 class PrivateAir:
     """``testbed air`` for one single-process link.
 
@@ -48,19 +62,10 @@ class PrivateAir:
     """
 
     def __init__(self, hw: HardwareConfig, log_dir: Path | None = None) -> None:
-        from radio.flowgraph_process import free_tcp_port
-
         self._tmp = tempfile.TemporaryDirectory(prefix="testbed-air-")
         folder = Path(self._tmp.name) if log_dir is None else Path(log_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        burst, stream = free_tcp_port(), free_tcp_port()
-        while stream == burst:
-            stream = free_tcp_port()
-        air = hw.virtual_air.model_copy(update={
-            "burst_address": f"tcp://127.0.0.1:{burst}",
-            "stream_address": f"tcp://127.0.0.1:{stream}",
-        })
-        self.hw = hw.model_copy(update={"virtual_air": air})
+        self.hw = with_loopback_air(hw)
         config = Path(self._tmp.name) / "hw.yaml"
         config.write_text(dump_yaml_text(self.hw.model_dump(mode="json")))
         self.log_path = folder / "air.log"

@@ -79,20 +79,13 @@ class Children:
 def _resolved_hw(out_dir: Path, hw_config: str, hw_overrides: list[str]) -> tuple[Path, bool]:
     """Write ``hw_config`` with ``hw_overrides`` (and, for a virtual lab, two free loopback
     ports for the air) to ``out_dir/hw.yaml``; returns its path and whether it is virtual."""
-    from radio.flowgraph_process import free_tcp_port
     from testbed.core.config.loader import load_hardware
     from testbed.core.config.safe_yaml import dump_yaml_text
+    from testbed.core.private_air import with_loopback_air
 
     hw = load_hardware(hw_config, hw_overrides)
     if hw.virtual:
-        burst, stream = free_tcp_port(), free_tcp_port()
-        while stream == burst:
-            stream = free_tcp_port()
-        air = hw.virtual_air.model_copy(update={
-            "burst_address": f"tcp://127.0.0.1:{burst}",
-            "stream_address": f"tcp://127.0.0.1:{stream}",
-        })
-        hw = hw.model_copy(update={"virtual_air": air})
+        hw = with_loopback_air(hw)
     path = out_dir / "hw.yaml"
     path.write_text(dump_yaml_text(hw.model_dump(mode="json")))
     load_hardware(str(path))  # what every process will read: it must load

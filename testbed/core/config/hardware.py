@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
-from radio.virtual_device import VirtualArgs, is_virtual
+from radio.virtual_device import VirtualArgs, is_virtual, split_args
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.virtual_air import VirtualAirSection
 
@@ -101,24 +101,15 @@ class GnuradioSection(_Strict):
 
 
 def parse_device_args(args: str) -> dict[str, str]:
-    """UHD device args ``"addr=192.168.10.11, type=usrp2"`` as a mapping.
-
-    Keys are lower-cased; surrounding spaces are dropped.
+    """UHD device args ``"addr=192.168.10.11, type=usrp2"`` as a mapping
+    (:func:`radio.virtual_device.split_args`: keys lower-cased, spaces dropped).
 
     Raises
     ------
     ValueError
         A comma-separated part that is not ``key=value``.
     """
-    out: dict[str, str] = {}
-    for part in args.split(","):
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"'{part.strip()}' is not key=value")
-        out[key.strip().lower()] = value.strip()
-    return out
+    return split_args(args)
 
 
 def same_usrp(a: str, b: str) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 from radio.estimation import estimate_from_pilots, interpolate_gain, smooth_gains
 from radio.framing import FrameLayout, WaveformParams, build_frame, frame_layout
 from radio.link import ChannelState
-from radio.pulse import matched_filter, rrc_taps, sample_at, shape
+from radio.pulse import Interpolant, matched_filter, rrc_taps, shape
 from radio.sync import (
     CORRELATION_THRESHOLD,
     Coarse,
@@ -30,6 +30,9 @@ from radio.units import db_to_linear, linear_to_db
 
 #: Largest sample-rate offset the receiver accepts as plausible (parts per million).
 MAX_SRO_PPM = 500.0
+#: Half-width (samples) of the coarse grid of timing corrections tried at each end of the
+#: frame (:func:`_least_residual_timing`); the fine grid adds a quarter of it.
+TIMING_SEARCH_SAMPLES = 0.5
 
 
 @lru_cache(maxsize=8)
@@ -127,16 +130,23 @@ def demodulate(
         t_pre = refine_timing(mf, inner_pre, sps * scale, t_pre + period) - period
         t_post = refine_timing(mf, inner_post, sps * scale, t_post + period) - period
         scale = (t_post - t_pre) / (span * sps)
+    wanted = np.concatenate([layout.pilot_idx.ravel(), layout.payload_idx])
+    frac = (wanted - layout.preamble_start) / span  # 0 at the preamble, 1 at the postamble
+    positions = t_pre + frac * (t_post - t_pre)
+    reach = 2 * TIMING_SEARCH_SAMPLES
+    if positions.min() < reach or positions.max() > mf.size - 1 - reach:
+        raise SyncError("frame runs past the end of the buffer")
+    interp = Interpolant(mf, positions.min() - reach, positions.max() + reach)
+    n_pilots = layout.pilot_idx.size
+    a, b = _least_residual_timing(interp, positions[:n_pilots], frac[:n_pilots],
+                                  params.pilot_block())
+    t_pre, t_post = t_pre + a, t_post + b
+    scale = (t_post - t_pre) / (span * sps)
     # scale < 1: the receiver's clock runs fast (sees the frame shorter).
     sro_ppm = (1.0 / scale - 1.0) * 1e6
     if abs(sro_ppm) > MAX_SRO_PPM:
         raise SyncError(f"implausible sample-rate offset {sro_ppm:.1f} ppm")
-    wanted = np.concatenate([layout.pilot_idx.ravel(), layout.payload_idx])
-    positions = t_pre + (wanted - layout.preamble_start) * sps * scale
-    if positions.min() < 0 or positions.max() > mf.size - 1:
-        raise SyncError("frame runs past the end of the buffer")
-    values = sample_at(mf, positions)
-    n_pilots = layout.pilot_idx.size
+    values = interp.at(positions + a + frac * (b - a))
     pilots_rx = values[:n_pilots].reshape(layout.pilot_idx.shape)
     payload = values[n_pilots:]
     est = estimate_from_pilots(pilots_rx, params.pilot_block(), confidence)
@@ -185,6 +195,52 @@ def preamble_found(params: WaveformParams, samples: np.ndarray) -> bool:
     except SyncError:
         return False
     return True
+
+
+def _least_residual_timing(
+    interp: Interpolant, pilot_pos: np.ndarray, frac: np.ndarray, pilots: np.ndarray
+) -> tuple[float, float]:
+    """Timing corrections at the preamble and postamble (samples) that leave the least pilot
+    residual.
+
+    The preamble and postamble timings come from a few repetitions each; a fade across one
+    of them moves its estimate by tenths of a sample (measured: up to 0.3 samples at 17 Hz
+    Doppler), and the clock ratio between them with it. Sampled that far off, the pilots
+    carry intersymbol interference that the residual counts as noise: up to +1.3 dB of N0
+    that is not there (and would be credited). This tries corrections ``(a, b)`` on a
+    5 x 5 grid of half-width :data:`TIMING_SEARCH_SAMPLES`, then a 5 x 5 grid a quarter as
+    wide around the best, the correction moving linearly from ``a`` at the preamble to ``b``
+    at the postamble, and keeps the one with the smallest pilot residual. Noise has the
+    same variance at every timing, so the least residual is the least interference, and
+    the N0 estimated there is never above the one at the best timing on the grid.
+
+    Parameters
+    ----------
+    interp
+        The matched-filter output's interpolant.
+    pilot_pos
+        Pilot positions at the initial timing (samples), shape ``(B * Np,)``, block-major.
+    frac
+        Each pilot's place in the frame, 0 at the preamble and 1 at the postamble, shape
+        ``(B * Np,)``.
+    pilots
+        The known pilot block, unit modulus, shape ``(Np,)``.
+    """
+    npb = pilots.size
+    conj = np.conj(pilots) / float(np.sum(np.abs(pilots) ** 2))
+    grid = np.arange(-2, 3) / 2.0
+
+    def residual(a: float, b: float) -> float:
+        y = interp.at(pilot_pos + a + frac * (b - a)).reshape(-1, npb)
+        h = y @ conj
+        return float(np.sum(np.abs(y - h[:, None] * pilots[None, :]) ** 2))
+
+    best = (0.0, 0.0)
+    for width in (TIMING_SEARCH_SAMPLES, TIMING_SEARCH_SAMPLES / 4):
+        a0, b0 = best
+        tries = [(a0 + width * i, b0 + width * j) for i in grid for j in grid]
+        best = min(tries, key=lambda ab: residual(*ab))
+    return best
 
 
 def _residual_cfo_hz(block_gain: np.ndarray, params: WaveformParams, scale: float) -> float:

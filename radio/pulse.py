@@ -104,13 +104,50 @@ def sample_at(x: np.ndarray, positions: np.ndarray, upsample: int = 8) -> np.nda
         raise ValueError(
             f"positions must lie in [0, {x.size - 1}], got [{pos.min():.2f}, {pos.max():.2f}]"
         )
-    lo = max(int(np.floor(pos.min())) - 16, 0)
-    hi = min(int(np.ceil(pos.max())) + 17, x.size)
-    from scipy import signal  # imported on use: it costs every CLI process 0.6 s
-    fine = signal.resample_poly(np.asarray(x[lo:hi], dtype=np.complex128), upsample, 1)
-    grid = np.arange(fine.size, dtype=np.float64)
-    at = (pos - lo) * upsample
-    return np.interp(at, grid, fine.real) + 1j * np.interp(at, grid, fine.imag)
+    return Interpolant(x, pos.min(), pos.max(), upsample).at(pos)
+
+
+class Interpolant:
+    """The interpolant of :func:`sample_at` over ``x[lo - 16 : hi + 17]``, built once and
+    evaluated at many sets of positions (a receiver trying several timings).
+
+    Parameters
+    ----------
+    x
+        Complex samples, shape ``(n,)``.
+    first, last
+        Fractional sample indices (into ``x``) the positions will span.
+    upsample
+        Polyphase interpolation factor.
+    """
+
+    def __init__(self, x: np.ndarray, first: float, last: float, upsample: int = 8) -> None:
+        self.lo = max(int(np.floor(first)) - 16, 0)
+        hi = min(int(np.ceil(last)) + 17, x.size)
+        from scipy import signal  # imported on use: it costs every CLI process 0.6 s
+        self.fine = signal.resample_poly(
+            np.asarray(x[self.lo : hi], dtype=np.complex128), upsample, 1
+        )
+        self.upsample = upsample
+        self._grid = np.arange(self.fine.size, dtype=np.float64)
+        self._limit = (self.lo, self.lo + (self.fine.size - 1) / upsample)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """Values at ``positions`` (indices into ``x``, shape ``(m,)``): ``complex128 (m,)``.
+
+        Raises
+        ------
+        ValueError
+            A position outside the span given at construction.
+        """
+        pos = np.asarray(positions, dtype=np.float64)
+        if pos.size and (pos.min() < self._limit[0] or pos.max() > self._limit[1]):
+            raise ValueError(f"positions [{pos.min():.2f}, {pos.max():.2f}] outside the "
+                             f"interpolated span [{self._limit[0]}, {self._limit[1]:.2f}]")
+        at = (pos - self.lo) * self.upsample
+        return np.interp(at, self._grid, self.fine.real) + 1j * np.interp(
+            at, self._grid, self.fine.imag
+        )
 
 
 #: Output samples per pass of :func:`_fir_into` (its scratch stays in cache).

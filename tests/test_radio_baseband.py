@@ -183,3 +183,38 @@ def test_receiver_distortion_stays_below_the_credited_floor(sro_ppm: float) -> N
         floor_db = 10 * np.log10(out.state.noise_var / out.state.mean_gain_power())
         assert floor_db < p.distortion_floor_db - 3.0
         assert out.state.noise_var_lower == 0.0  # nothing credited on a noiseless channel
+
+
+def test_fading_across_the_frame_is_not_credited_as_noise() -> None:
+    """Rayleigh fading at 17 Hz (20 km/h, 915 MHz; the virtual darkroom) over 80 ms frames:
+    a fade across the preamble or the postamble moves that end's timing, and pilots sampled
+    off their peaks carry interference the residual would count as noise. The receiver
+    picks the timing of least pilot residual, so the N0 lower bound it credits stays at or
+    below the true N0 about as often as its confidence says (here never more than 5% above;
+    measured without the search, in 146 frames: 14 above, up to 1.29x) and the SNR it
+    reports is the frame's (mean |h|^2 / N0) within 0.6 dB (without: 1.3 dB off)."""
+    from radio.fading import FadingProcess, doppler_hz
+
+    p = WaveformParams(symbol_rate_hz=160000.0, samples_per_symbol=5, rolloff=0.25,
+                       pilot_spacing=48, pilots_per_block=8, pilot_smoothing=1)
+    fs = p.symbol_rate_hz * p.samples_per_symbol
+    rng = np.random.default_rng(4)
+    n0 = 10 ** (-22.0 / 10)  # 22 dB mean Es/N0
+    above = 0
+    for _ in range(40):
+        x = _payload(10920, rng)
+        tx, _ = modulate(p, x)
+        tx = np.concatenate([np.zeros(2000), tx, np.zeros(2000)])
+        h = FadingProcess.draw(doppler_hz(20.0, 915e6), rng).uniform(
+            rng.uniform(0, 10), tx.size, 1 / fs)
+        rx = h * tx + np.sqrt(n0 / 2) * (rng.standard_normal(tx.size)
+                                         + 1j * rng.standard_normal(tx.size))
+        try:
+            out = demodulate(p, rx, x.size)
+        except SyncError:  # a frame in a deep fade: lost, nothing credited
+            continue
+        truth_db = 10 * np.log10(np.mean(np.abs(h[2000:-2000]) ** 2) / n0)
+        assert abs(out.info["snr_est_db"] - truth_db) < 0.6, (out.info, truth_db)
+        assert out.state.noise_var_lower < 1.05 * n0
+        above += out.state.noise_var_lower > n0
+    assert above <= 4  # 2.5% expected at 95% confidence: P(Binomial(40, 0.025) > 4) < 1%

@@ -35,8 +35,10 @@ def exit_code(status: str, rounds_completed: int, cfg: ExperimentConfig) -> int:
 def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
     """One line for the console: status, rounds, accuracy, lost uploads, reason, where."""
     acc = summary.get("final_accuracy")
+    on = f" on {summary['radios']}" if summary.get("radios") else ""
     text = (
-        f"run {summary['status']}: {summary['rounds_completed']}/{summary['rounds_planned']} "
+        f"run {summary['status']}{on}: "
+        f"{summary['rounds_completed']}/{summary['rounds_planned']} "
         f"rounds, final test accuracy {'n/a' if acc is None else f'{acc:.4f}'}"
     )
     if summary.get("lost_uploads"):

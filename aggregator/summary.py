@@ -12,6 +12,7 @@ from aggregator.outcome import exit_code, trust_fields
 from aggregator.peer_accounting import peer_report
 from aggregator.solver.calibration import uploads_to_target
 from aggregator.state import RunState
+from testbed.core.config.emulated import EMULATED_LABEL
 from testbed.core.config.link import link_name
 
 
@@ -74,6 +75,7 @@ def summary(
         devices.append(entry)
     out: dict[str, Any] = {
         "status": status,
+        **({"radios": EMULATED_LABEL} if state.hw.usrp.emulated is not None else {}),
         "reason": reason,
         "exit_code": exit_code(status, completed, state.cfg),
         "scheme": state.cfg.scheme,

@@ -159,6 +159,32 @@ def time_epoch_problem(args: argparse.Namespace) -> str:
     return ""
 
 
+def _last_pps(dev: object) -> float:
+    """The device time (s) of the last PPS edge."""
+    return float(dev.get_time_last_pps(0).get_real_secs())  # type: ignore[attr-defined]
+
+
+def _wait_pps_edge(dev: object, previous: float, what: str, timeout_s: float,
+                   sleep: Callable[[float], None]) -> float:
+    """Wait until the last PPS edge's time differs from ``previous``; returns it.
+
+    Raises
+    ------
+    RuntimeError
+        No edge within ``timeout_s`` (names the PPS cable and the time source).
+    """
+    waited = 0.0
+    while (now := _last_pps(dev)) == previous:
+        if waited > timeout_s:
+            raise RuntimeError(
+                f"no PPS edge {what} within {timeout_s:g} s: check the PPS cable (OctoClock "
+                "PPS out -> the N210's PPS in) and the time source"
+            )
+        sleep(0.002)
+        waited += 0.002
+    return now
+
+
 def latch_host_time_at_pps(
     dev: object,
     time_spec: Callable[[float], object],
@@ -181,25 +207,13 @@ def latch_host_time_at_pps(
         No PPS edge within ``timeout_s`` (PPS cable, ``--time-source``).
     """
 
-    def last_pps() -> float:
-        return float(dev.get_time_last_pps(0).get_real_secs())  # type: ignore[attr-defined]
-
     def wait_edge(previous: float, what: str) -> float:
-        waited = 0.0
-        while (now := last_pps()) == previous:
-            if waited > timeout_s:
-                raise RuntimeError(
-                    f"no PPS edge {what} within {timeout_s:g} s: check the PPS cable (OctoClock "
-                    "PPS out -> the N210's PPS in) and the time source"
-                )
-            sleep(0.002)
-            waited += 0.002
-        return now
+        return _wait_pps_edge(dev, previous, what, timeout_s, sleep)
 
-    wait_edge(last_pps(), "seen")
+    wait_edge(_last_pps(dev), "seen")
     epoch = float(round(clock()) + 1)
     dev.set_time_next_pps(time_spec(epoch))  # type: ignore[attr-defined]
-    latched = wait_edge(last_pps(), "after setting the time")
+    latched = wait_edge(_last_pps(dev), "after setting the time")
     if abs(latched - epoch) > 1e-6:
         raise RuntimeError(f"USRP time at the PPS edge is {latched}, not the {epoch} set")
     return epoch
@@ -211,11 +225,13 @@ def set_usrp_time(
     time_spec: Callable[[float], object],
     *,
     zero_at_pps: bool,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> float:
     """Set the USRP's time per ``--time-epoch``; returns the epoch (USRP time set, s).
 
     ``zero``: time 0 now, or at the next PPS edge when ``zero_at_pps`` (the receiver with an
-    external time source). ``host-pps``: :func:`latch_host_time_at_pps`; a MIMO slave
+    external time source; returns once that edge has passed, so the time read next is the
+    new one). ``host-pps``: :func:`latch_host_time_at_pps`; a MIMO slave
     follows its master's time and is left alone (its current time is returned).
     """
     if args.time_epoch == "host-pps":
@@ -223,7 +239,11 @@ def set_usrp_time(
             return latch_host_time_at_pps(dev, time_spec)
         return float(dev.get_time_now().get_real_secs())  # type: ignore[attr-defined]
     if zero_at_pps:
+        # The time is 0 only once the edge has passed; read before, it is the old count
+        # (a clock offset measured then is off by it), so wait for the edge.
+        before = _last_pps(dev)
         dev.set_time_next_pps(time_spec(0.0))  # type: ignore[attr-defined]
+        _wait_pps_edge(dev, before, "after setting the time", 2.5, sleep)
     else:
         dev.set_time_now(time_spec(0.0))  # type: ignore[attr-defined]
     return 0.0

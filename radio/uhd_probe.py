@@ -31,9 +31,9 @@ _USB_TYPES = {"b200", "b100", "usrp1"}
 
 def check_loopback_only(args: str) -> None:
     """Refuse device ``args`` that would send discovery off the host while
-    :data:`LOOPBACK_ONLY_ENV` is ``1``: only ``addr=127.0.0.1`` (or ``localhost``,
-    ``::1``), or a USB-only device type with no address (``type=b200``), is allowed; empty
-    args (a broadcast to every interface) are not.
+    :data:`LOOPBACK_ONLY_ENV` is ``1``: only a loopback ``addr=`` (``127.0.0.1``, any
+    ``127.x.y.z``, ``localhost``, ``::1``), or a USB-only device type with no address
+    (``type=b200``), is allowed; empty args (a broadcast to every interface) are not.
 
     Raises
     ------
@@ -47,11 +47,26 @@ def check_loopback_only(args: str) -> None:
         for part in args.split(",") if "=" in part
     )
     usb_only = fields.get("type") in _USB_TYPES and not {"addr", "resource"} & set(fields)
-    if fields.get("addr") not in _LOOPBACK and not usb_only:
+    if not _is_loopback(fields.get("addr")) and not usb_only:
         raise RuntimeError(
             f"UHD discovery with device args {args!r} refused: {LOOPBACK_ONLY_ENV}=1 allows "
-            "only addr=127.0.0.1 or a USB-only type (discovery would leave the host)"
+            "only a loopback addr= (127.0.0.1, any 127.x.y.z, localhost, ::1) or a USB-only "
+            "type (discovery would leave the host)"
         )
+
+
+def _is_loopback(addr: str | None) -> bool:
+    """Whether ``addr`` is a loopback address (127.0.0.0/8, ``::1``, ``localhost``)."""
+    if addr is None:
+        return False
+    if addr in _LOOPBACK:
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

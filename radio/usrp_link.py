@@ -121,7 +121,8 @@ class UsrpLink(FrameLink):
                 raise LinkFailed(
                     f"usrp link: no USRP found for the {role} ('{args}'): {why}; check the "
                     "hardware config's usrp.tx_args / usrp.rx_args, or run "
-                    "'testbed radio probe'"
+                    "'testbed radio probe'; without USRPs, --fallback emulate runs on "
+                    "emulated radios"
                 )
         self.tx: TxStream | None = None
         self.rx: RxStream | None = None

@@ -138,7 +138,7 @@ class VirtualArgs:
             serial=serial,
             clock_offset_s=num("clock_offset_s", 0.0, -1e10, 1e10),
             drift_ppm=num("drift_ppm", 0.0, -MAX_DRIFT_PPM, MAX_DRIFT_PPM),
-            full_scale_w=(num("full_scale_w", 1.0, 0.0, 1e3, strict_lo=True)
+            full_scale_w=(num("full_scale_w", 1.0, 0.0, 1e6, strict_lo=True)
                           if "full_scale_w" in kv else None),
             max_power_w=num("max_power_w", 0.1, 0.0, 1e3, strict_lo=True),
             min_gain_db=num("min_gain_db", 0.0, -100.0, 200.0),

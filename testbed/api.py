@@ -163,9 +163,13 @@ def run(
     progress: bool = False,
     report: bool = True,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    fallback: str | None = None,
 ) -> RunResult:
     """Run ``experiment`` into the new run directory ``out_dir``, every device in this
     process (``testbed run``).
+
+    ``fallback``: ``"emulate"`` runs a ``usrp`` hardware config on emulated radios when UHD
+    finds none of its USRPs (``None``: the config's ``usrp.fallback``; docs/virtual_lab.md).
 
     ``on_round`` is called with each round's metrics line once it is committed; ``report``
     writes ``report.md`` and its figures at the end. Never raises for an outcome (a budget
@@ -175,12 +179,14 @@ def run(
     ------
     ConfigError, RunDirError, FileNotFoundError
         Before the first round: a bad config, an existing ``out_dir``, missing data.
+    testbed.core.radio_fallback.FallbackRefused
+        ``fallback`` emulate and only some of the USRPs found (before the first round).
     """
     from testbed.runner import run_experiment
 
     out = Path(out_dir)
     summary = run_experiment(experiment.config, out, progress=progress,
-                             hw=experiment.hardware, on_round=on_round)
+                             hw=experiment.hardware, on_round=on_round, fallback=fallback)
     return _result(summary, out, report)
 
 

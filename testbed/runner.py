@@ -46,13 +46,27 @@ def run_experiment(
     progress: bool = False,
     hw: HardwareConfig | None = None,
     on_round: RoundCallback | None = None,
+    fallback: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` into a new run directory ``out_dir``; returns the summary.
 
     Everything is validated (configs, data, link) before the first round. A run that
     fails or is stopped before anything went on air leaves no directory behind.
+    ``fallback``: ``--fallback`` (``None``: the hardware config's ``usrp.fallback``); with
+    ``emulate`` and none of the link's USRPs found, the run is on emulated radios
+    (:mod:`testbed.core.radio_fallback`) and its saved ``hw_config.yaml`` says so.
+
+    Raises
+    ------
+    testbed.core.radio_fallback.FallbackRefused
+        Some of the link's USRPs found, some not (before the run directory exists).
     """
+    from testbed.core.radio_fallback import fallback_mode, radios_of, resolve_radios
+
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
+    hw = resolve_radios(hw, fallback_mode(hw, fallback), radios_of(hw, "run"),
+                        snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
+                        rician_k_db=cfg.rician_k_db)
     check_link_config(cfg, hw, record=cfg.record)
     out_dir = Path(out_dir)
     rundir = RunDir.create(out_dir)

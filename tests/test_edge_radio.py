@@ -542,8 +542,12 @@ except RuntimeError as exc:
 p = usrp_arguments(argparse.ArgumentParser())
 zero = p.parse_args(["--time-source", "external"])
 for pps, call in ((False, ("now", 0.0)), (True, ("next_pps", 0.0))):
-    d = Dev(clock); assert set_usrp_time(d, zero, Spec, zero_at_pps=pps) == 0.0
+    clock[0] = 1000.95
+    d = Dev(clock); assert set_usrp_time(d, zero, Spec, zero_at_pps=pps, sleep=sleep) == 0.0
     assert d.calls == [call], d.calls
+    if pps:  # returned once the edge passed: the time read now is the new count (0 + ...)
+        assert 1001.3 <= clock[0] < 1001.4, clock[0]
+        assert d.get_time_last_pps().get_real_secs() == 0.0
 mimo = p.parse_args(["--time-source", "mimo", "--time-epoch", "host-pps"])
 d = Dev(clock); assert set_usrp_time(d, mimo, Spec, zero_at_pps=False) == -1.0 and d.calls == []
 assert time_epoch_problem(p.parse_args(["--time-epoch", "host-pps"]))

@@ -42,6 +42,14 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override a hardware-config key, dotted (waveform.speed_kmh=20); repeatable",
     )
+    p.add_argument("--hw", metavar="HW_CONFIG",
+                   help="hardware config: a name in hw_configs/ or a YAML path (sets hw_config)")
+    p.add_argument(
+        "--fallback", choices=("none", "emulate"), default=None,
+        help="usrp link, when UHD finds none of its USRPs: 'emulate' runs on virtual USRPs "
+        "with the hardware config's parameters and says so in every output; default: the "
+        "config's usrp.fallback (none: the run ends link_failed)",
+    )
     p.add_argument(
         "--plan",
         type=Path,
@@ -62,29 +70,40 @@ def _run(args: argparse.Namespace) -> int:
     from aggregator.outcome import outcome_line
     from testbed import api
     from testbed.core.faults import pause_point
+    from testbed.core.radio_fallback import FallbackRefused
     from testbed.core.rundir import RunDirError, default_run_path, dumps
 
     progress = not args.no_progress and sys.stderr.isatty()
     out: Path | None = None
     try:
         if args.resume is not None:
-            if args.config or args.overrides or args.out or args.hw_overrides or args.plan:
+            if (args.config or args.overrides or args.out or args.hw_overrides or args.plan
+                    or args.hw or args.fallback):
                 raise ConfigError(
-                    "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out/--plan"
+                    "--resume takes the run's own config (and radios): drop CONFIG/--set/"
+                    "--hw/--hw-set/--out/--plan/--fallback"
                 )
             out = args.resume
             result = api.resume(out, progress=progress, report=not args.no_report)
         else:
             # validated before any work
-            experiment = api.load_config(args.config, args.overrides,
+            if args.hw and any(o.startswith("hw_config=") for o in args.overrides):
+                raise ConfigError("--hw and --set hw_config=... both name the hardware "
+                                  "config; give one")
+            sets = [*args.overrides, *([f"hw_config={args.hw}"] if args.hw else [])]
+            experiment = api.load_config(args.config, sets,
                                          hw_overrides=args.hw_overrides, plan=args.plan)
             out = args.out or default_run_path(experiment.config.name)
             pause_point("run_setup")
-            result = api.run(experiment, out, progress=progress, report=not args.no_report)
+            result = api.run(experiment, out, progress=progress, report=not args.no_report,
+                             fallback=args.fallback)
     except KeyboardInterrupt:
         # Only reached while setting up (the runner itself turns a stop into an outcome).
         print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)
         return 130
+    except FallbackRefused as exc:
+        print(f"testbed run: link failed: {exc}; nothing went on air", file=sys.stderr)
+        return 5
     except (FileNotFoundError, ValueError, RunDirError) as exc:
         if isinstance(exc, ConfigError):
             raise

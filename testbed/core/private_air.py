@@ -49,6 +49,10 @@ class PrivateAir:
     log_dir
         Where ``air.log`` and the burst log ``air/air.jsonl`` go (``None``: a temporary
         folder, removed on :meth:`close`).
+    own_ports
+        Put the air on two free loopback ports (a single-process link); ``False``: on the
+        config's ``virtual_air`` addresses, where separately started edges find it (the
+        emulation fallback's ``testbed aggregator``).
 
     Attributes
     ----------
@@ -61,11 +65,12 @@ class PrivateAir:
         The air exited or printed nothing within :data:`START_TIMEOUT_S`; its log is quoted.
     """
 
-    def __init__(self, hw: HardwareConfig, log_dir: Path | None = None) -> None:
+    def __init__(self, hw: HardwareConfig, log_dir: Path | None = None, *,
+                 own_ports: bool = True) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="testbed-air-")
         folder = Path(self._tmp.name) if log_dir is None else Path(log_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        self.hw = with_loopback_air(hw)
+        self.hw = with_loopback_air(hw) if own_ports else hw
         config = Path(self._tmp.name) / "hw.yaml"
         config.write_text(dump_yaml_text(self.hw.model_dump(mode="json")))
         self.log_path = folder / "air.log"

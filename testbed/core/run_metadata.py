@@ -15,6 +15,7 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.link import link_name
 from testbed.core.config.loader import dump_yaml
+from testbed.core.radio_fallback import emulation_facts
 from testbed.core.recovery import config_pin
 from testbed.core.rundir import RunDir
 from testbed.core.seeding import Stream, new_run_secret
@@ -54,5 +55,8 @@ def write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) ->
         ),
         "channel_noise_source": channel_noise_source(cfg, hw),
     }
+    radios = emulation_facts(hw)
+    if radios is not None:  # loud: a run on emulated radios says so first
+        meta = {"radios": radios, **meta}
     meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.core.recovery)
     rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")

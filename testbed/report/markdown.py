@@ -34,7 +34,9 @@ def render(run: RunData, plots: list[Plot]) -> tuple[str, list[Table]]:
 
     name = run.setting("name") or run.path.name
     read = ", ".join(f"`{f}`" for f in run.read) or "nothing"
-    out.append(f"# Run report: {name}\n")
+    radios = (run.summary or {}).get("radios") or ((run.meta or {}).get("radios") or {}).get(
+        "label")
+    out.append(f"# Run report: {name}" + (f", on {radios}" if radios else "") + "\n")
     out.append(
         f"Run directory `{run.path.resolve()}`; report written by testbed {__version__} at "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Read: {read}. Every "

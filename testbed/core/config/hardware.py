@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
 from radio.virtual_device import VirtualArgs, is_virtual, split_args
+from testbed.core.config.emulated import EmulatedRadios
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.virtual_air import VirtualAirSection
 
@@ -177,6 +178,14 @@ class UsrpSection(_Strict):
     time_source: Literal["internal", "external", "mimo", "gpsdo", "none"] = "internal"
     burst_lead_s: float = Field(0.05, gt=0, le=10, description="tx_time ahead of now (s)")
     capture_margin_s: float = Field(0.02, ge=0, le=10, description="RX capture margin (s)")
+    fallback: Literal["none", "emulate"] = Field(
+        "none",
+        description="when UHD finds none of the configured USRPs: 'emulate' runs on virtual "
+        "USRPs with this config's parameters (docs/virtual_lab.md), 'none' ends link_failed",
+    )
+    emulated: EmulatedRadios | None = Field(
+        None, description="written by the fallback: these radios are emulated (no USRP found)"
+    )
     devices: list[DeviceRadioEntry] = Field(
         default_factory=list, max_length=1024,
         description="one transmitter per edge device (lab split); empty: usrp.tx_args",

@@ -61,10 +61,12 @@ def run_experiment(
     testbed.core.radio_fallback.FallbackRefused
         Some of the link's USRPs found, some not (before the run directory exists).
     """
+    from testbed.core.config.link import link_name
     from testbed.core.radio_fallback import fallback_mode, radios_of, resolve_radios
 
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
-    hw = resolve_radios(hw, fallback_mode(hw, fallback), radios_of(hw, "run"),
+    on_usrp = link_name(cfg, hw) == "usrp"
+    hw = resolve_radios(hw, fallback_mode(hw, fallback), radios_of(hw, "run") if on_usrp else [],
                         snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
                         rician_k_db=cfg.rician_k_db)
     check_link_config(cfg, hw, record=cfg.record)

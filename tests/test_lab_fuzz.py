@@ -149,7 +149,7 @@ def test_edge_keeps_serving_through_junk(tmp_path: Path) -> None:
             server.send(identity, _junk(rng, 0))
         server.send(identity, encode("welcome", {
             "device": 0, "run_id": "fuzz", "config_yaml": dump_yaml(cfg),
-            "mask_secret": "ab" * 16, "next_round": 0}))
+            "mask_secret": "ab" * 16, "next_round": 0, "radios": ""}))
         _recv(server, "ready", 60)
         for _ in range(N_MESSAGES // 2):  # set up: junk, replays, other devices
             server.send(identity, _junk(rng, 0))

@@ -89,7 +89,8 @@ def test_edge_refuses_a_round_whose_laplace_event_is_not_its_own(tmp_path: Path)
     client: Any = _Client()
     agent.handle(client, encode("welcome", {"device": 0, "run_id": "laplace",
                                             "config_yaml": dump_yaml(cfg),
-                                            "mask_secret": "ab" * 16, "next_round": 0}))
+                                            "mask_secret": "ab" * 16, "next_round": 0,
+                                            "radios": ""}))
     assert client.sent[-1].type == "ready"
     mine = agent._event(0, None).to_dict()
     assert mine["type"] == "record-laplace/v1"

@@ -483,6 +483,7 @@ def _welcome(cfg_sets: list[str]) -> list[bytes]:
             "config_yaml": dump_yaml(cfg),
             "mask_secret": "ab" * 16,
             "next_round": 0,
+            "radios": "usrp",
         },
     )
 

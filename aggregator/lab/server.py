@@ -28,7 +28,9 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.curve_server import CurveServer
 from testbed.core.interrupts import StopSignals
+from testbed.core.private_air import PrivateAir
 from testbed.core.protocol import MAX_MESSAGE_BYTES
+from testbed.core.radio_fallback import radio_kind
 from testbed.core.run_setup import prepare_test_data
 from testbed.core.rundir import RunDir
 
@@ -66,6 +68,7 @@ def serve(
     progress: bool = False,
     receiver_factory: ReceiverFactory | None = None,
     clock: Callable[[], float] = time.time,
+    own_air: bool = False,
 ) -> dict[str, Any]:
     """Run (``cfg`` into ``out_dir``) or continue (``resume_dir``) a lab run as aggregator.
 
@@ -74,6 +77,11 @@ def serve(
     ``receiver_factory``: the usrp link's, ``phase_timeout_s``: the secure aggregation's
     (:class:`~aggregator.lab.remote_devices.RemoteDevices`); ``clock``: the clock
     ``clock_req`` is answered with and the receiver maps the schedule with (s).
+    ``own_air``: start the virtual air of ``hw`` on its configured addresses, logging into
+    the run directory (``air.log``, ``air/air.jsonl``), and stop it at the end: this
+    aggregator fell back to emulated radios (:mod:`testbed.core.radio_fallback`), so no one
+    else runs the air its edges send to. A resumed run whose directory holds ``air/`` (its
+    air was the aggregator's) starts it again.
 
     Raises
     ------
@@ -98,10 +106,15 @@ def serve(
         "run_id": rundir.path.name,
         "config_yaml": (rundir.path / "config.yaml").read_text(),
         "mask_secret": (rundir.path / "run_secret").read_text().strip(),
+        "radios": radio_kind(cfg, hw),
     }
     ctx = zmq.Context()
     server: CurveServer | None = None
+    air: PrivateAir | None = None
     try:
+        if hw.virtual and (own_air or (resume_dir is not None
+                                       and (rundir.path / "air").is_dir())):
+            air = PrivateAir(hw, rundir.path, own_ports=False)
         server = CurveServer(ctx, bind, keys_dir=keys_dir, allowed_dir=keys_dir / "allowed",
                              max_message_bytes=MAX_MESSAGE_BYTES)
         endpoint_note(endpoint_file, server.last_endpoint)
@@ -144,3 +157,5 @@ def serve(
         if server is not None:
             server.close()
         ctx.term()
+        if air is not None:
+            air.close()

@@ -183,6 +183,7 @@ class EdgeAgent:
         from testbed.core.config.loader import load_experiment, load_hardware
         from testbed.core.links import link_name, waveform_params
         from testbed.core.models import n_params
+        from testbed.core.radio_fallback import check_same_radios
         from testbed.core.run_setup import device_settings, initial_model, prepare_data
 
         cfg_path = self.state_dir / "config.yaml"
@@ -219,6 +220,10 @@ class EdgeAgent:
         self.link = link_name(cfg, hw)
         self.waveform = waveform_params(hw)
         if self.link == "usrp":
+            try:
+                check_same_radios(msg["radios"], hw)
+            except ValueError as exc:
+                raise EdgeError(f"device {self.device}: {exc}") from None
             open_air(self, hw)
         self.config_yaml = msg["config_yaml"]
         log.info("device %d: set up for run %s (%d samples, d=%d, link %s)", self.device,

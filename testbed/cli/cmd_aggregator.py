@@ -77,6 +77,13 @@ def register(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
+    p.add_argument(
+        "--fallback", choices=("none", "emulate"), default=None,
+        help="usrp link, when UHD does not find the receiver (usrp.rx_args): 'emulate' runs "
+        "on emulated radios (virtual USRPs with the hardware config's parameters) and starts "
+        "their virtual air on virtual_air's addresses, for edges started with --fallback "
+        "emulate; default: the config's usrp.fallback",
+    )
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0,
                    help="seconds a round waits for uploads before closing without a device")
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,
@@ -104,8 +111,15 @@ def _run(args: argparse.Namespace) -> int:
     from aggregator.lab.secagg_server import DEFAULT_PHASE_TIMEOUT_S
     from aggregator.lab.server import serve
     from aggregator.outcome import outcome_line
+    from testbed.core.config.link import link_name
     from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
     from testbed.core.lab_checks import check_endpoint
+    from testbed.core.radio_fallback import (
+        FallbackRefused,
+        fallback_mode,
+        radios_of,
+        resolve_radios,
+    )
     from testbed.core.rundir import RunDirError, default_run_path, dumps
 
     setup_logging()
@@ -114,9 +128,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         check_endpoint(args.bind, "--bind", bind=True)
         if args.resume is not None:
-            if args.config or args.overrides or args.out or args.hw_overrides:
+            if args.config or args.overrides or args.out or args.hw_overrides or args.fallback:
                 raise ConfigError(
-                    "--resume takes the run's own config: drop CONFIG/--set/--hw-set/--out"
+                    "--resume takes the run's own config (and radios): drop CONFIG/--set/"
+                    "--hw-set/--out/--fallback"
                 )
             out = args.resume
             summary = serve(bind=args.bind, keys_dir=args.keys, resume_dir=out,
@@ -128,9 +143,16 @@ def _run(args: argparse.Namespace) -> int:
                             endpoint_file=args.endpoint_file, progress=progress)
         else:
             cfg = load_experiment(args.config, args.overrides)
-            hw = load_hardware(cfg.hw_config, args.hw_overrides)
+            loaded = load_hardware(cfg.hw_config, args.hw_overrides)
+            hw = resolve_radios(loaded, fallback_mode(loaded, args.fallback),
+                                radios_of(loaded, "aggregator")
+                                if link_name(cfg, loaded) == "usrp" else [],
+                                snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
+                                rician_k_db=cfg.rician_k_db)
             out = args.out or default_run_path(cfg.name)
             summary = serve(bind=args.bind, keys_dir=args.keys, cfg=cfg, hw=hw, out_dir=out,
+                            # fell back here: no one else runs the air (launch does its own)
+                            own_air=hw is not loaded,
                             round_timeout_s=args.round_timeout,
                             join_timeout_s=args.join_timeout,
                             rejoin_wait_s=args.rejoin_wait or 0.0,
@@ -140,6 +162,9 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted before the first round; nothing went on air", file=sys.stderr)
         return 130
+    except FallbackRefused as exc:
+        print(f"testbed aggregator: link failed: {exc}; nothing went on air", file=sys.stderr)
+        return 5
     except (KeyFileMissingError, KeyFileError, RunDirError, TimeoutError, OSError,
             ValueError) as exc:
         if isinstance(exc, ConfigError):

@@ -56,6 +56,12 @@ def register(sub: Any) -> None:
     p.add_argument("--state-dir", type=Path, metavar="DIR",
                    help="this device's ledger (default: edge-state/device-I)")
     p.add_argument("--hw", metavar="HW_CONFIG", help="this host's hardware config")
+    p.add_argument(
+        "--fallback", choices=("none", "emulate"), default=None,
+        help="usrp link, when UHD does not find this device's USRP: 'emulate' transmits on a "
+        "virtual USRP with the hardware config's parameters into the virtual air of an "
+        "aggregator started with --fallback emulate; default: the config's usrp.fallback",
+    )
     p.add_argument("--data-dir", type=Path, help="where this host keeps the data set")
     p.add_argument("--max-epsilon", type=_epsilon, help="this device's own epsilon target")
     p.add_argument("--keep-updates", action="store_true",
@@ -84,11 +90,20 @@ def _run(args: argparse.Namespace) -> int:
         if args.hw is not None:
             from edge_device.radio_check import check_edge_radio
             from radio.edge_radio import RadioUnavailable
+            from testbed.core.radio_fallback import (
+                FallbackRefused,
+                fallback_mode,
+                radios_of,
+                resolve_radios,
+            )
 
             hw = load_hardware(args.hw)
             try:
+                hw = resolve_radios(
+                    hw, fallback_mode(hw, args.fallback),
+                    radios_of(hw, "edge", device=args.device_id) if hw.link == "usrp" else [])
                 check_edge_radio(hw, args.device_id)
-            except RadioUnavailable as exc:
+            except (RadioUnavailable, FallbackRefused) as exc:
                 print(f"testbed edge: error: {exc}", file=sys.stderr)
                 return 2
         state = args.state_dir or Path("edge-state") / f"device-{args.device_id}"

@@ -42,6 +42,12 @@ def register(sub: Any) -> None:
                    "virtual radios also the virtual air): written resolved to OUT/hw.yaml")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
+    p.add_argument(
+        "--fallback", choices=("none", "emulate"), default=None,
+        help="usrp link, when UHD finds none of the receiver's and edges' USRPs: 'emulate' "
+        "runs every process on emulated radios (virtual USRPs with the hardware config's "
+        "parameters, one virtual air) and says so; default: the config's usrp.fallback",
+    )
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
@@ -55,6 +61,7 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from testbed.core.config.loader import load_experiment, load_hardware
+    from testbed.core.radio_fallback import FallbackRefused
     from testbed.core.rundir import default_run_path
     from testbed.lab.launch import launch
 
@@ -68,7 +75,10 @@ def _run(args: argparse.Namespace) -> int:
                       hw_overrides=args.hw_overrides, hw_config=args.hw,
                       round_timeout_s=args.round_timeout,
                       join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance,
-                      phase_timeout_s=args.phase_timeout)
+                      phase_timeout_s=args.phase_timeout, fallback=args.fallback)
+    except FallbackRefused as exc:
+        print(f"testbed launch: link failed: {exc}; nothing went on air", file=sys.stderr)
+        return 5
     except (FileExistsError, TimeoutError, RuntimeError) as exc:
         print(f"testbed launch: error: {exc}", file=sys.stderr)
         return 2

@@ -51,6 +51,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "run_id": _STR,
         "config_yaml": _STR,
         "mask_secret": _STR,  # sparsification masks derive from it; only sent here
+        # the aggregator's radios on a usrp link: "usrp", "virtual" or "emulated" (virtual
+        # on the emulation fallback); "" on other links. An edge on virtual radios refuses
+        # an aggregator on real ones and the other way round
+        "radios": _STR,
         "next_round": _INT,
     },
     # edge -> aggregator: set up; its shard size and the nonces its ledger holds

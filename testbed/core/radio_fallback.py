@@ -37,8 +37,10 @@ from typing import Literal
 from radio.link import LinkFailed
 from radio.link_budget import noise_psd_w_per_hz
 from radio.uhd_probe import ProbeResult, find_usrps
-from testbed.core.config.emulated import EmulatedRadios
+from testbed.core.config.emulated import EMULATED_LABEL, EmulatedRadios
+from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig, device_radio
+from testbed.core.config.link import link_name
 from testbed.core.config.virtual_air import AirPath
 
 FallbackMode = Literal["none", "emulate"]
@@ -56,6 +58,8 @@ VIRTUAL_BURST_LEAD_S = 0.3
 DEFAULT_SNR_DB = 20.0
 
 Probe = Callable[..., ProbeResult]
+#: How messages name emulated radios.
+EMULATED_WORDS = EMULATED_LABEL
 
 
 class FallbackRefused(LinkFailed):
@@ -124,7 +128,7 @@ def resolve_radios(
     mode
         ``none`` (no probing here: a missing USRP fails where it is opened) or ``emulate``.
     wanted
-        The radios this process opens (:func:`radios_of`).
+        The radios this process opens (:func:`radios_of`); empty off the ``usrp`` link.
     snr_db
         Mean ``Es/N0`` (dB) per device id (the experiment's ``snr_db``); ``None``:
         :data:`DEFAULT_SNR_DB`.
@@ -138,7 +142,7 @@ def resolve_radios(
     FallbackRefused
         Some of ``wanted`` found, some not.
     """
-    if mode == "none" or hw.link != "usrp" or hw.virtual or not wanted:
+    if mode == "none" or hw.virtual or not wanted:
         return hw
     results = [(key, args, probe(args, python=hw.gnuradio.python)) for key, args in wanted]
     missing = [f"{key} = '{args}'" for key, args, r in results if not r.devices]
@@ -227,6 +231,37 @@ def emulated_hardware(
     return HardwareConfig.model_validate(data)  # every cross-check, as if loaded
 
 
+def radio_kind(cfg: ExperimentConfig, hw: HardwareConfig) -> str:
+    """What radios a run uses: ``"usrp"`` (real), ``"virtual"`` (a virtual lab config),
+    ``"emulated"`` (the fallback's virtual radios); ``""`` off the ``usrp`` link."""
+    if link_name(cfg, hw) != "usrp":
+        return ""
+    if hw.usrp.emulated is not None:
+        return "emulated"
+    return "virtual" if hw.virtual else "usrp"
+
+
+def check_same_radios(aggregator: str, hw: HardwareConfig) -> None:
+    """An edge's check of its radios (``hw``, on the ``usrp`` link) against the
+    aggregator's (:func:`radio_kind`, sent in ``welcome``).
+
+    Raises
+    ------
+    ValueError
+        One side on real USRPs and the other on virtual ones (no air joins them).
+    """
+    mine = "emulated" if hw.usrp.emulated is not None else "virtual" if hw.virtual else "usrp"
+    if aggregator and (aggregator == "usrp") != (mine == "usrp"):
+        raise ValueError(
+            f"this edge's radio is {_KIND_WORDS[mine]} but the aggregator's is "
+            f"{_KIND_WORDS[aggregator]}: real and virtual radios do not mix (nothing carries "
+            "a burst between them); run both with the same hardware config and --fallback"
+        )
+
+
+_KIND_WORDS = {"usrp": "a real USRP", "virtual": "virtual", "emulated": EMULATED_WORDS}
+
+
 def emulation_facts(hw: HardwareConfig) -> dict[str, object] | None:
     """What ``meta.json`` records of emulated radios (``None``: not emulated): the label,
     the config and devices not found, UHD's answer, the fading kind, speed and Doppler, and
@@ -235,7 +270,6 @@ def emulation_facts(hw: HardwareConfig) -> dict[str, object] | None:
     if em is None:
         return None
     from radio.fading import doppler_hz
-    from testbed.core.config.emulated import EMULATED_LABEL
 
     air = hw.virtual_air
     moving = air.fading != "none" and air.speed_kmh > 0

@@ -25,9 +25,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.core.child_process import die_with_parent
+
+if TYPE_CHECKING:
+    from testbed.core.config.experiment import ExperimentConfig
 
 #: Seconds a child gets to exit after SIGTERM before SIGKILL.
 GRACE_S = 15.0
@@ -76,14 +79,34 @@ class Children:
         self.stop([n for n in names if n == "air"])
 
 
-def _resolved_hw(out_dir: Path, hw_config: str, hw_overrides: list[str]) -> tuple[Path, bool]:
+def _resolved_hw(out_dir: Path, hw_config: str, hw_overrides: list[str], *,
+                 fallback: str | None = None, cfg: ExperimentConfig | None = None,
+                 devices: int = 0) -> tuple[Path, bool]:
     """Write ``hw_config`` with ``hw_overrides`` (and, for a virtual lab, two free loopback
-    ports for the air) to ``out_dir/hw.yaml``; returns its path and whether it is virtual."""
+    ports for the air) to ``out_dir/hw.yaml``; returns its path and whether it is virtual.
+
+    ``fallback`` (``--fallback``; ``None``: the config's ``usrp.fallback``) ``emulate``
+    with none of the receiver's and the ``devices`` edges' USRPs found: the written config
+    is on emulated radios (:mod:`testbed.core.radio_fallback`; ``cfg``'s ``snr_db`` and
+    fading), so the launcher runs their air and every process reads them as such.
+
+    Raises
+    ------
+    testbed.core.radio_fallback.FallbackRefused
+        Some of those USRPs found, some not.
+    """
+    from testbed.core.config.link import link_name
     from testbed.core.config.loader import load_hardware
     from testbed.core.config.safe_yaml import dump_yaml_text
     from testbed.core.private_air import with_loopback_air
+    from testbed.core.radio_fallback import fallback_mode, radios_of, resolve_radios
 
     hw = load_hardware(hw_config, hw_overrides)
+    if cfg is not None and link_name(cfg, hw) == "usrp":
+        hw = resolve_radios(hw, fallback_mode(hw, fallback),
+                            radios_of(hw, "launch", devices=devices),
+                            snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
+                            rician_k_db=cfg.rician_k_db)
     if hw.virtual:
         hw = with_loopback_air(hw)
     path = out_dir / "hw.yaml"
@@ -120,6 +143,7 @@ def launch(
     edge_args: dict[int, list[str]] | None = None,
     edge_env: dict[int, dict[str, str]] | None = None,
     on_started: Any = None,
+    fallback: str | None = None,
 ) -> int:
     """Start the aggregator and ``devices`` edges (and a virtual lab's air); wait for the
     aggregator; stop the rest.
@@ -129,8 +153,16 @@ def launch(
     experiment's ``hw_config`` with ``hw_overrides`` on the aggregator only);
     ``train_allowance_s``, ``phase_timeout_s``: the aggregator's ``--train-allowance`` and
     ``--phase-timeout`` (``None``: its defaults); ``edge_args``: extra arguments per edge;
-    ``edge_env``: extra environment variables per edge (fault injection).
+    ``edge_env``: extra environment variables per edge (fault injection); ``fallback``:
+    ``--fallback`` (emulated radios when no USRP is found; without ``hw_config`` it applies
+    to the experiment's own ``hw_config``).
+
+    Raises
+    ------
+    testbed.core.radio_fallback.FallbackRefused
+        ``fallback`` emulate and only some of the USRPs found (before any process starts).
     """
+    from testbed.core.config.loader import load_experiment
     from testbed.core.curve_keys import generate_keys
 
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -145,10 +177,15 @@ def launch(
     def on_signal(signum: int, _frame: Any) -> None:
         stopped["signal"] = signum
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     tb = testbed_command()
+    cfg = load_experiment(config, [*overrides, f"devices={devices}",
+                                   *([f"hw_config={hw_config}"] if hw_config else [])])
+    if hw_config is None and fallback is not None:
+        hw_config = cfg.hw_config  # every process must read the resolved radios
     hw_path, virtual = (None, False) if hw_config is None else \
-        _resolved_hw(out_dir, hw_config, hw_overrides)
+        _resolved_hw(out_dir, hw_config, hw_overrides, fallback=fallback, cfg=cfg,
+                     devices=devices)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if virtual:
             assert hw_path is not None

@@ -67,7 +67,7 @@ def run_experiment(
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
     on_usrp = link_name(cfg, hw) == "usrp"
     hw = resolve_radios(hw, fallback_mode(hw, fallback), radios_of(hw, "run") if on_usrp else [],
-                        snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
+                        snr_db=cfg.snr_db_per_device(),
                         rician_k_db=cfg.rician_k_db)
     check_link_config(cfg, hw, record=cfg.record)
     out_dir = Path(out_dir)

@@ -211,6 +211,7 @@ def test_virtual_lab_run_with_clock_faults_a_late_burst_and_a_collision(tmp_path
     _no_process_left(out)
 
 
+@pytest.mark.slow  # the darkroom's fallback test checks the same through the same processes
 @pytest.mark.parametrize("name", ["virtual_darkroom"])
 def test_virtual_darkroom_run_fades_and_reports_snr_and_epsilon_spread(
     tmp_path: Path, name: str

@@ -147,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
             hw = resolve_radios(loaded, fallback_mode(loaded, args.fallback),
                                 radios_of(loaded, "aggregator")
                                 if link_name(cfg, loaded) == "usrp" else [],
-                                snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
+                                snr_db=cfg.snr_db_per_device(),
                                 rician_k_db=cfg.rician_k_db)
             out = args.out or default_run_path(cfg.name)
             summary = serve(bind=args.bind, keys_dir=args.keys, cfg=cfg, hw=hw, out_dir=out,

@@ -19,8 +19,9 @@ output power and reference power (``tx_power_ref_w`` at its gain and ``usrp.tx_a
 the virtual device's full scale is set so that a unit-power stream radiates exactly that),
 the clock and time sources (an external/gpsdo/mimo time source is the virtual devices'
 shared PPS; internal clocks run free and drift, :data:`INTERNAL_DRIFT_PPM`), and the
-medium's fading (the hardware config's ``fading``, else the experiment's) at
-``waveform.speed_kmh``. The link budget: each
+medium's fading (the hardware config's ``fading``, as a channel emulator imposes it, at
+``waveform.speed_kmh``; without one the paths are static: the experiment's ``fading`` is for
+simulated links, and a bench's room is not known). The link budget: each
 transmitter's path loss is set so that its mean ``Es/N0`` at the receiver is the experiment's
 ``snr_db`` for that device, against the thermal noise of ``virtual_air`` (290 K, 5 dB noise
 figure by default). The virtual air draws that noise from the OS CSPRNG, and the channel
@@ -115,7 +116,6 @@ def resolve_radios(
     wanted: Sequence[tuple[str, str]],
     *,
     snr_db: Sequence[float] | None = None,
-    fading: str = "none",
     rician_k_db: float | None = None,
     probe: Probe = find_usrps,
 ) -> HardwareConfig:
@@ -132,8 +132,8 @@ def resolve_radios(
     snr_db
         Mean ``Es/N0`` (dB) per device id (the experiment's ``snr_db``); ``None``:
         :data:`DEFAULT_SNR_DB`.
-    fading, rician_k_db
-        The experiment's fading (the hardware config's ``fading``, when set, wins).
+    rician_k_db
+        The experiment's Rician K-factor (dB), for a hardware config with Rician fading.
     probe
         UHD discovery (:func:`radio.uhd_probe.find_usrps`).
 
@@ -157,7 +157,7 @@ def resolve_radios(
         )
     why = sorted({r.message for _, _, r in results if r.message}) or ["UHD found no device"]
     return emulated_hardware(hw, missing=missing, uhd="; ".join(why), snr_db=snr_db,
-                             fading=fading, rician_k_db=rician_k_db)
+                             rician_k_db=rician_k_db)
 
 
 def emulated_hardware(
@@ -166,7 +166,6 @@ def emulated_hardware(
     missing: Sequence[str],
     uhd: str,
     snr_db: Sequence[float] | None = None,
-    fading: str = "none",
     rician_k_db: float | None = None,
 ) -> HardwareConfig:
     """``hw`` with every radio a virtual USRP and the virtual air its link budget
@@ -220,7 +219,12 @@ def emulated_hardware(
         "emulated": EmulatedRadios(hardware=hw.name, missing=list(missing), uhd=uhd[:2000],
                                    snr_db=budget),
     })
-    kind = hw.fading if hw.fading is not None else fading
+    kind = hw.fading or "none"
+    if kind != "none" and not hw.waveform.speed_kmh > 0:
+        raise ValueError(
+            f"waveform.speed_kmh: got {hw.waveform.speed_kmh} with fading {kind}; allowed: "
+            "> 0 to emulate it (the Doppler sets how fast it fades)"
+        )
     air = hw.virtual_air.model_copy(update={
         "fading": kind,
         "speed_kmh": hw.waveform.speed_kmh if kind != "none" else 0.0,

@@ -105,7 +105,7 @@ def _resolved_hw(out_dir: Path, hw_config: str, hw_overrides: list[str], *,
     if cfg is not None and link_name(cfg, hw) == "usrp":
         hw = resolve_radios(hw, fallback_mode(hw, fallback),
                             radios_of(hw, "launch", devices=devices),
-                            snr_db=cfg.snr_db_per_device(), fading=cfg.fading,
+                            snr_db=cfg.snr_db_per_device(),
                             rician_k_db=cfg.rician_k_db)
     if hw.virtual:
         hw = with_loopback_air(hw)

@@ -258,8 +258,8 @@ def test_edge_refuses_late_far_loud_and_clipped_bursts_without_sending() -> None
         edge.transmit(x, 100.0 + 3600.0)
     with pytest.raises(LinkError, match=r"mean power .* exceeds usrp.devices\[0\].max_tx_power_w"):
         edge.transmit(_burst(power=4.0), 101.0)
-    spike = x.copy()
-    spike[100] = 10.0  # one sample: peak 2.5 at tx_amplitude 0.25, mean power barely changed
+    spike = _burst(n=20000)
+    spike[100] = 1.05 / radio.tx_amplitude  # one sample past full scale, mean power +12%
     with pytest.raises(LinkError, match="DAC range"):
         edge.transmit(spike, 101.0)
     assert tx.sent == []
@@ -461,7 +461,7 @@ def test_radio_check_shows_one_row_per_device_and_the_guard(
     for d in range(4):
         row = rows[f"edge device {d}"]
         assert row["ok"] is True and LAB_ARGS[d] in row["detail"] and "not opened" in row["detail"]
-        assert "gain 10 dB" in row["detail"] and "0.1 W <= max 0.1 W" in row["detail"]
+        assert "gain 30 dB" in row["detail"] and "0.1 W <= max 0.1 W" in row["detail"]
     assert "4 devices (ids 0, 1, 2, 3)" in rows["edge devices"]["detail"]
     assert "1.20 ms" in rows["tdma guard"]["detail"]
     assert no_builds.asked == []  # nothing looked for, no device address touched

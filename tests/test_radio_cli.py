@@ -54,7 +54,7 @@ def test_probe_without_hardware_exits_zero(capsys: pytest.CaptureFixture[str]) -
     rc = main(["radio", "probe", "--device-args", LOOPBACK_ONLY, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert out["fallback"] == ["gnuradio", "waveform"]
+    assert out["fallback"] == ["emulate", "gnuradio", "waveform"]
     if not find_usrps(LOOPBACK_ONLY).devices:
         assert out["devices"] == []
         rc = main(["radio", "probe", "--device-args", LOOPBACK_ONLY])

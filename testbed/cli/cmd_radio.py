@@ -76,17 +76,19 @@ def cmd_probe(args: argparse.Namespace) -> int:
         if hw.virtual:
             return _probe_virtual(hw, args.json)
     res = find_usrps(args.device_args, python=args.python)
-    fallback = "gnuradio (GNU Radio channel emulator) or waveform (numpy emulator)"
+    fallback = ("--fallback emulate (the same processes on virtual USRPs with the hardware "
+                "config's parameters), or link gnuradio (GNU Radio channel emulator) or "
+                "waveform (numpy emulator)")
     if res.devices:
         lines = [f"found {len(res.devices)} USRP(s):"]
         lines += ["  " + ", ".join(f"{k}={v}" for k, v in d.items()) for d in res.devices]
     elif res.uhd_available:
-        lines = [f"no USRP found by UHD; without hardware use link {fallback}"]
+        lines = [f"no USRP found by UHD; without hardware use {fallback}"]
     else:
-        lines = [f"UHD not usable ({res.message}); without hardware use link {fallback}"]
+        lines = [f"UHD not usable ({res.message}); without hardware use {fallback}"]
     _emit(
         {"devices": res.devices, "uhd_available": res.uhd_available, "message": res.message,
-         "fallback": ["gnuradio", "waveform"]},
+         "fallback": ["emulate", "gnuradio", "waveform"]},
         args.json, lines,
     )
     return 0

@@ -128,6 +128,25 @@ def assert_ledgers_agree(run_dir: Path, edge_dirs: dict[int, Path]) -> None:
         assert mine, f"device {device}: nothing recorded"
 
 
+def assert_pilot_snr_is_the_budget_through_the_fade(
+    uploads: list[dict[str, Any]], bursts: list[dict[str, Any]], tol_db: float = 1.5
+) -> list[float]:
+    """Each received upload's pilot SNR (``snr_est_db``) is its link budget plus the fade
+    the virtual air applied to its burst (found in the air's log by serial and slot start);
+    returns those SNRs (dB). Lost uploads are skipped."""
+    snrs = []
+    for d in uploads:
+        if d.get("lost"):
+            continue
+        mine = [b for b in bursts if b["serial"] == f"edge{d['device']}"
+                and abs(b["t_true_s"] - d["slot_start_s"]) < 1e-3]
+        assert len(mine) == 1, d
+        expected = d["budget_snr_db"] + mine[0]["fading_gain_db"]
+        assert abs(d["snr_est_db"] - expected) < tol_db, (d, mine[0])
+        snrs.append(float(d["snr_est_db"]))
+    return snrs
+
+
 def processes_mentioning(marker: str) -> list[int]:
     """Live processes whose command line contains ``marker``."""
     found = []

@@ -23,6 +23,7 @@ from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,
     assert_ledgers_agree,
+    assert_pilot_snr_is_the_budget_through_the_fade,
     edge_cmd,
     free_port,
     new_lab,
@@ -146,7 +147,7 @@ def test_darkroom_lab_falls_back_to_its_rayleigh_channel(tmp_path: Path, name: s
             "aggregator", RECORD_CONFIG, "--bind", endpoint, "--keys", str(keys), "--out",
             str(run), "--round-timeout", "120", "--join-timeout", "180", "--no-progress",
             "--fallback", "emulate",
-            *sets([*RECORD_SETS, "devices=4", "rounds=3", "train_samples=8000",
+            *sets([*RECORD_SETS, "devices=4", "rounds=2", "train_samples=8000",
                    "privacy.trusted_channel_noise=1", f"hw_config={copy}"])))
         edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw",
                                                    str(copy), "--fallback", "emulate"))
@@ -165,17 +166,8 @@ def test_darkroom_lab_falls_back_to_its_rayleigh_channel(tmp_path: Path, name: s
     bursts = [b for b in _lines(run / "air" / "air.jsonl") if "serial" in b]
     uploads = [d for line in _lines(run / "metrics.jsonl") for d in line["devices"]
                if d.get("transmitted")]
-    assert len(uploads) >= 10
-    snrs = []
-    for d in uploads:
-        if d.get("lost"):
-            continue
-        mine = [b for b in bursts if b["serial"] == f"edge{d['device']}"
-                and abs(b["t_true_s"] - d["slot_start_s"]) < 1e-3]
-        assert len(mine) == 1, d
-        expected = d["budget_snr_db"] + mine[0]["fading_gain_db"]
-        assert abs(d["snr_est_db"] - expected) < 1.5, (d, mine[0])
-        snrs.append(d["snr_est_db"])
+    assert len(uploads) >= 6  # of 8 (an edge that misses its slot on a loaded host refuses)
+    snrs = assert_pilot_snr_is_the_budget_through_the_fade(uploads, bursts)
     assert max(snrs) - min(snrs) > 3.0, snrs  # Rayleigh at 17 Hz, seconds apart
     assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(4)})
     for marker in (str(run), str(copy)):

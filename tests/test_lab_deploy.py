@@ -163,6 +163,7 @@ def test_edge_whose_key_is_not_allowed_is_refused(tmp_path: Path) -> None:
         procs.close()
 
 
+@pytest.mark.slow  # the selection is RoundLoop's, as in-process (test_peer_sampled_runs)
 def test_fedsgd_dpc_round_robin_in_thenew_lab(tmp_path: Path) -> None:
     out = tmp_path / "lab"
     code = launch(RECORD_CONFIG, 4, out, overrides=[

@@ -126,7 +126,10 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
     assert not processes_mentioning(str(tmp_path))
 
 
-@pytest.mark.parametrize("scheme", ["ldp-fedavg", "channel-dp"])
+# The same kill point and resume for both; channel-dp also carries the credit's fields, so
+# ldp-fedavg runs with -m slow (the default selection's 15 minutes).
+@pytest.mark.parametrize("scheme", [pytest.param("ldp-fedavg", marks=pytest.mark.slow),
+                                    "channel-dp"])
 def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
     tmp_path: Path, scheme: str,
 ) -> None:

@@ -27,7 +27,12 @@ from testbed.core.config.safe_yaml import dump_yaml_text
 from testbed.core.links import waveform_params
 from testbed.core.privacy import Ledger
 from testbed.lab.launch import launch
-from tests.lab_helpers import RECORD_CONFIG, RECORD_SETS, assert_ledgers_agree
+from tests.lab_helpers import (
+    RECORD_CONFIG,
+    RECORD_SETS,
+    assert_ledgers_agree,
+    assert_pilot_snr_is_the_budget_through_the_fade,
+)
 from tests.radio_helpers import require_gnuradio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,14 +238,7 @@ def test_virtual_darkroom_run_fades_and_reports_snr_and_epsilon_spread(
     assert max(fades) - min(fades) > 3.0, fades  # Rayleigh at 17 Hz over seconds
     uploads = [d for line in metrics for d in line["devices"] if d.get("transmitted")]
     assert len(uploads) >= 10
-    for d in uploads:  # each frame's pilot SNR is the budget through the fade it met
-        if d.get("lost"):
-            continue
-        burst = [b for b in bursts if b["serial"] == f"edge{d['device']}"
-                 and abs(b["t_true_s"] - d["slot_start_s"]) < 1e-3]
-        assert len(burst) == 1, d
-        expected = d["budget_snr_db"] + burst[0]["fading_gain_db"]
-        assert abs(d["snr_est_db"] - expected) < 1.5, (d, burst[0])
+    assert_pilot_snr_is_the_budget_through_the_fade(uploads, bursts)
     for line in metrics:
         assert line["tdma_guard_s"] == pytest.approx(0.5e-3)  # shared PPS: fixed guard
     report = (run / "report.md").read_text()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import add_fallback_option
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 
 
@@ -77,13 +78,9 @@ def register(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
-    p.add_argument(
-        "--fallback", choices=("none", "emulate"), default=None,
-        help="usrp link, when UHD does not find the receiver (usrp.rx_args): 'emulate' runs "
-        "on emulated radios (virtual USRPs with the hardware config's parameters) and starts "
-        "their virtual air on virtual_air's addresses, for edges started with --fallback "
-        "emulate; default: the config's usrp.fallback",
-    )
+    add_fallback_option(p, "runs on virtual USRPs with the hardware config's parameters and "
+                        "starts their virtual air on virtual_air's addresses, for edges "
+                        "started with --fallback emulate")
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0,
                    help="seconds a round waits for uploads before closing without a device")
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,

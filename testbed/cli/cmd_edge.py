@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import add_fallback_option
 from testbed.core.config.loader import load_hardware
 
 
@@ -56,12 +57,9 @@ def register(sub: Any) -> None:
     p.add_argument("--state-dir", type=Path, metavar="DIR",
                    help="this device's ledger (default: edge-state/device-I)")
     p.add_argument("--hw", metavar="HW_CONFIG", help="this host's hardware config")
-    p.add_argument(
-        "--fallback", choices=("none", "emulate"), default=None,
-        help="usrp link, when UHD does not find this device's USRP: 'emulate' transmits on a "
-        "virtual USRP with the hardware config's parameters into the virtual air of an "
-        "aggregator started with --fallback emulate; default: the config's usrp.fallback",
-    )
+    add_fallback_option(p, "transmits on a virtual USRP with the hardware config's "
+                        "parameters into the air of an aggregator started with --fallback "
+                        "emulate")
     p.add_argument("--data-dir", type=Path, help="where this host keeps the data set")
     p.add_argument("--max-epsilon", type=_epsilon, help="this device's own epsilon target")
     p.add_argument("--keep-updates", action="store_true",

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import add_fallback_option
+
 
 def _devices(text: str) -> int:
     try:
@@ -42,12 +44,8 @@ def register(sub: Any) -> None:
                    "virtual radios also the virtual air): written resolved to OUT/hw.yaml")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
-    p.add_argument(
-        "--fallback", choices=("none", "emulate"), default=None,
-        help="usrp link, when UHD finds none of the receiver's and edges' USRPs: 'emulate' "
-        "runs every process on emulated radios (virtual USRPs with the hardware config's "
-        "parameters, one virtual air) and says so; default: the config's usrp.fallback",
-    )
+    add_fallback_option(p, "runs every process on virtual USRPs with the hardware config's "
+                        "parameters, through one virtual air")
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import UniqueOverrides
+from testbed.cli.overrides import UniqueOverrides, add_fallback_option
 from testbed.core.config.loader import ConfigError
 
 
@@ -44,12 +44,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--hw", metavar="HW_CONFIG",
                    help="hardware config: a name in hw_configs/ or a YAML path (sets hw_config)")
-    p.add_argument(
-        "--fallback", choices=("none", "emulate"), default=None,
-        help="usrp link, when UHD finds none of its USRPs: 'emulate' runs on virtual USRPs "
-        "with the hardware config's parameters and says so in every output; default: the "
-        "config's usrp.fallback (none: the run ends link_failed)",
-    )
+    add_fallback_option(p, "runs the link's transmitter and receiver as virtual USRPs with "
+                        "the hardware config's parameters")
     p.add_argument(
         "--plan",
         type=Path,

@@ -47,3 +47,14 @@ class UniqueOverrides(argparse.Action):
                     )
         items.append(item)
         setattr(namespace, self.dest, items)
+
+
+def add_fallback_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--fallback none|emulate`` (the emulation fallback, docs/virtual_lab.md); ``what``
+    says what this command does with it, after "'emulate' "."""
+    p.add_argument(
+        "--fallback", choices=("none", "emulate"), default=None,
+        help=f"usrp link, when UHD finds no USRP: 'emulate' {what}; every output then says "
+        "'emulated radios (no USRP found)'. Default: the hardware config's usrp.fallback "
+        "(none: a missing USRP fails the link)",
+    )

@@ -121,6 +121,18 @@ class ExperimentConfig(_Strict):
             "last round is always evaluated on it"
         ),
     )
+    progress_every: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        exclude=True,
+        description=(
+            "rounds between the plain progress lines a run prints on stderr when stderr is "
+            "not a terminal (the last round always prints; a terminal gets a progress bar, "
+            "--no-progress neither). Output only: not written to config.yaml nor pinned, so "
+            "a resumed run prints every round"
+        ),
+    )
     eval_samples: int | None = Field(
         None, ge=1, le=10**9, description="cap on test samples (the 'full test set')"
     )

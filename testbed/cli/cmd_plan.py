@@ -4,6 +4,9 @@ Solves 003 Section V (Algorithm 2, corrected; docs/solver.md) for the experiment
 prints per device alpha, sigma, power, energy and epsilon in both accountings, the chosen
 T, l, Q and the total energy, and the same for ldp-fedavg, s-dp-fl and channel-dp.
 ``--out`` writes the plan that ``testbed run`` (``scheme: ee-dp-fl``, ``plan: PATH``) reads.
+Record-level plans (the default unit) need the convergence constants of a calibration:
+``--calibration FILE`` (for ``testbed/config/private-fedsgd.yaml`` the shipped
+:data:`SHIPPED_CALIBRATION`) or the scenario key ``solver.calibration``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.core.config.paths import check_output_file
 
+#: The calibration shipped for ``testbed/config/private-fedsgd.yaml`` (``testbed calibrate``
+#: output, its pilots' curves included), as the README names it from the repository root.
+SHIPPED_CALIBRATION = "testbed/config/calibration/private-fedsgd.yaml"
+
 
 def register(sub: Any) -> None:
     """Add the ``plan`` subcommand."""
@@ -35,13 +42,20 @@ def register(sub: Any) -> None:
             "noise; device unit: the paper accounting, only with privacy.accounting=paper), "
             "the power limit and the fitted convergence bound. A plan whose epsilon the run "
             "would find above the target is refused (exit 3). Also plans ldp-fedavg, s-dp-fl "
-            "and channel-dp under the same targets. Solver-only inputs (beta1, beta2 or a "
-            "calibration, gains h_i, Q range, rounds_margin) come from --scenario FILE (see "
-            "aggregator/solver/from_config.py)."
+            "and channel-dp under the same targets. Record-level plans need a calibration "
+            "(--calibration FILE, from `testbed calibrate`; for testbed/config/"
+            "private-fedsgd.yaml the shipped " + SHIPPED_CALIBRATION + "). Other "
+            "solver-only inputs (beta1, beta2 instead of a calibration, gains h_i, Q range, "
+            "rounds_margin) come from --scenario FILE (see aggregator/solver/from_config.py)."
         ),
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
     p.add_argument("--scenario", type=Path, help="solver scenario YAML (solver: mapping)")
+    p.add_argument("--calibration", type=Path, metavar="CAL.yaml",
+                   help="convergence constants from `testbed calibrate --out` (the scenario "
+                   "key solver.calibration; a relative path is read from the current "
+                   "directory); shipped for testbed/config/private-fedsgd.yaml: "
+                   + SHIPPED_CALIBRATION)
     p.add_argument("--set", dest="overrides", action=UniqueOverrides, default=[],
                    metavar="KEY=VALUE",
                    help="override an experiment config key (privacy.epsilon=1.8); repeatable")
@@ -91,7 +105,7 @@ def _plan(args: argparse.Namespace) -> int:
             "--set privacy.accounting=paper"
         )
     hw = load_hardware(cfg.hw_config, args.hw_overrides)
-    sf = read_scenario_file(args.scenario)
+    sf = with_calibration(read_scenario_file(args.scenario), args.calibration)
     if args.out is not None:
         check_output_file(args.out, "--out")
     schemes = (args.scheme,) if args.no_peers else (
@@ -125,6 +139,51 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"testbed plan: no plan written to {args.out}", file=sys.stderr)
         return 3
     return 0
+
+
+def with_calibration(sf: Any, calibration: Path | None) -> Any:
+    """The scenario ``sf`` with ``--calibration`` as its ``calibration`` key.
+
+    Parameters
+    ----------
+    sf
+        The parsed scenario file (:class:`aggregator.solver.from_config.ScenarioFile`).
+    calibration
+        ``--calibration``, or ``None`` (``sf`` is returned as it is).
+
+    Returns
+    -------
+    ScenarioFile
+        ``sf`` with ``calibration`` set to the path given.
+
+    Raises
+    ------
+    ConfigError
+        The scenario file already gives the constants (``calibration`` or ``beta1``/``beta2``),
+        so one of the two would be ignored.
+    """
+    if calibration is None:
+        return sf
+    if sf.calibration is not None or sf.beta1 is not None or sf.beta2 is not None:
+        raise ConfigError(
+            f"--calibration {calibration}: the --scenario file already sets "
+            f"{'calibration' if sf.calibration is not None else 'beta1/beta2'}; give the "
+            "convergence constants once (drop --calibration or that key)"
+        )
+    return sf.model_copy(update={"calibration": str(calibration)})
+
+
+def _needs_constants(sf: Any) -> None:
+    """Refuse a record-level plan without convergence constants, naming ``--calibration``
+    (before the data set is loaded and the model built)."""
+    if sf.calibration is None and (sf.beta1 is None or sf.beta2 is None):
+        raise ConfigError(
+            "record-level plans need the convergence constants beta1, beta2 fitted for the "
+            "config's model and data: give --calibration CAL.yaml (for testbed/config/"
+            f"private-fedsgd.yaml the shipped {SHIPPED_CALIBRATION}), or make one with "
+            "`testbed calibrate CONFIG --out cal.yaml` (a scenario file's solver.calibration "
+            "or beta1/beta2 serve too)"
+        )
 
 
 def _plan_peer(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
@@ -182,6 +241,7 @@ def _plan_record(
     )
     from testbed.core.run_setup import prepare_data
 
+    _needs_constants(sf)
     _data, parts = prepare_data(cfg)
     sizes = [len(p) for p in parts]
     scenario, terms, notes = record_scenario_from_config(

@@ -1,0 +1,115 @@
+"""Traps a new user met, each now refused, warned about or said plainly.
+
+1. ``testbed plan CONFIG`` needs a calibration: ``--calibration`` names it, the shipped one
+   serves the shipped record config from any directory, and the refusal says so.
+2. ``testbed privacy`` defaults to a run's unit and accountant (record, PLD).
+3. A scheme that asks for the channel credit but cannot get it warns, saying why.
+4. ``testbed radio loopback`` refuses ``--cfo-hz``/``--delay-samples`` on links that
+   ignore them.
+5. The privacy-curve figure names unit, delta, accountants and the trust assumption.
+6. The report's settings table says what compression was actually applied.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from testbed.cli import cmd_plan
+from testbed.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_CONFIG = ROOT / "testbed" / "config" / "private-fedsgd.yaml"
+SHIPPED_CALIBRATION = ROOT / cmd_plan.SHIPPED_CALIBRATION
+
+
+# -- 1. plan needs a calibration ---------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Ends a command where a test has seen what it needs."""
+
+
+def test_readme_plan_command_names_the_shipped_calibration() -> None:
+    """The README's plan lines give --calibration, and the file they name exists."""
+    readme = (ROOT / "README.md").read_text()
+    table = next(ln for ln in readme.splitlines() if ln.startswith("| `testbed plan CONFIG"))
+    assert "--calibration" in table and cmd_plan.SHIPPED_CALIBRATION in table
+    block = readme.split("## Planning with EE-DP-FL\n", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"testbed plan (testbed/config/private-fedsgd\.yaml) \\\n\s+"
+                        r"--calibration (\S+)", block)
+    assert command is not None, "README: no plan command with --calibration"
+    assert (ROOT / command.group(1)).is_file() and (ROOT / command.group(2)).is_file()
+    assert command.group(2) == cmd_plan.SHIPPED_CALIBRATION
+
+
+def test_shipped_calibration_holds_no_absolute_path() -> None:
+    def strings(x: Any) -> list[str]:
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        if isinstance(x, list):
+            return [s for v in x for s in strings(v)]
+        return [x] if isinstance(x, str) else []
+
+    data = yaml.safe_load(SHIPPED_CALIBRATION.read_text())
+    found = strings(data)
+    assert any("pilot-00" in s for s in found)
+    assert not [s for s in found if s.startswith("/") or "/work/" in s]
+
+
+def test_plan_without_calibration_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused (exit 2) before any data is loaded, naming --calibration and the shipped file."""
+    assert main(["plan", str(SHIPPED_CONFIG)]) == 2
+    err = capsys.readouterr().err
+    assert "--calibration" in err and cmd_plan.SHIPPED_CALIBRATION in err
+
+
+def test_plan_calibration_reaches_the_planner_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--calibration`` is the scenario's calibration; the shipped file is read from
+    another working directory (the planner itself is replaced: it takes a minute)."""
+    from aggregator.solver.from_config import calibration_range, read_calibration_betas
+
+    seen: dict[str, Any] = {}
+
+    def fake_plan_record(cfg: Any, hw: Any, sf: Any, schemes: Any, *, quiet: bool) -> Any:
+        seen["betas"] = read_calibration_betas(sf.calibration, model="decoded-noise/v1")
+        seen["range"] = calibration_range(sf.calibration)
+        raise _Stop  # the plan itself is not under test
+
+    monkeypatch.setattr(cmd_plan, "_plan_record", fake_plan_record)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(_Stop):
+        main(["plan", str(SHIPPED_CONFIG), "--calibration", str(SHIPPED_CALIBRATION)])
+    assert seen["betas"] == pytest.approx((143.51463058964026, 123.33772579255827))
+    assert seen["range"] is not None and seen["range"][2] == 0.7
+    # Given twice (flag and scenario key) is refused rather than one silently winning.
+    scn = tmp_path / "scn.yaml"
+    scn.write_text("solver: {beta1: 1.0, beta2: 2.0}\n")
+    assert main(["plan", str(SHIPPED_CONFIG), "--calibration", str(SHIPPED_CALIBRATION),
+                 "--scenario", str(scn)]) == 2
+    assert "--calibration" in capsys.readouterr().err
+
+
+# -- 2. privacy defaults -----------------------------------------------------------------------
+
+
+def test_privacy_defaults_are_a_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from testbed.core.config.loader import load_experiment
+
+    cfg = load_experiment(str(SHIPPED_CONFIG), [])
+    default = load_experiment(None, [])
+    assert (cfg.privacy.unit, cfg.privacy.accountant) == ("record", "pld")
+    assert (default.privacy.unit, default.privacy.accountant) == ("record", "pld")
+    assert main(["privacy", "--q", "0.01", "--z", "1.1", "--steps", "50", "--json"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert (out["unit"], out["accountant"], out["relation"]) == ("record", "pld", "add-remove")
+    with pytest.raises(SystemExit):
+        main(["privacy", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "record (default" in help_text and "PLD (default" in help_text

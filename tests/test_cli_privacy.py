@@ -11,8 +11,8 @@ import pytest
 from testbed.cli.main import main
 from testbed.core.privacy import epsilon_for
 
-ARGS = ["privacy", "--sigma", "0.7", "--alpha", "2", "--h", "0.9", "--n0", "0.05",
-        "--rounds", "30", "--d", "21840", "--l", "2184", "--q", "16", "--clip", "5",
+ARGS = ["privacy", "--unit", "device", "--sigma", "0.7", "--alpha", "2", "--h", "0.9",
+        "--n0", "0.05", "--rounds", "30", "--d", "21840", "--l", "2184", "--q", "16", "--clip", "5",
         "--delta", "1e-5"]
 
 

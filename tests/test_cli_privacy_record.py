@@ -11,8 +11,8 @@ from testbed.core.privacy import record_epsilon_for
 
 RECORD = ["privacy", "--unit", "record", "--q", "0.01", "--z", "1.1", "--steps", "500",
           "--delta", "1e-5"]
-DEVICE = ["privacy", "--sigma", "0.7", "--alpha", "2", "--h", "0.9", "--n0", "0.05",
-          "--rounds", "30", "--q", "16"]
+DEVICE = ["privacy", "--unit", "device", "--sigma", "0.7", "--alpha", "2", "--h", "0.9",
+          "--n0", "0.05", "--rounds", "30", "--q", "16"]
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
@@ -27,15 +27,18 @@ def test_record_json_matches_the_library(accountant: str,
             "steps": 500, "relation": "add-remove"}
 
 
-def test_record_defaults_to_rdp_and_replace_one_costs_more(
+def test_record_defaults_to_pld_and_replace_one_costs_more(
         capsys: pytest.CaptureFixture[str]) -> None:
+    """The defaults are a run's (privacy.unit record, privacy.accountant pld)."""
     assert main([*RECORD, "--json"]) == 0
     add = json.loads(capsys.readouterr().out)
-    assert add["accountant"] == "rdp" and add["order"] > 1
+    assert add["accountant"] == "pld"
+    assert main([a for a in RECORD if a not in ("--unit", "record")] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == add
     assert main([*RECORD, "--relation", "replace-one", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["epsilon"] > add["epsilon"]
     assert main(RECORD) == 0
-    assert "record level" in capsys.readouterr().out
+    assert "record level, pld" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("flag", "value"), [
@@ -60,12 +63,14 @@ def test_record_needs_its_arguments_and_refuses_device_ones(
     assert "--sigma" in capsys.readouterr().err
 
 
-def test_device_unit_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+def test_device_unit_needs_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*DEVICE, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert main([*DEVICE, "--unit", "device", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == plain
     assert plain["mode"] == "strict" and "unit" not in plain
+    # Without --unit the unit is record (a run's default): device options are refused.
+    assert main([a for a in DEVICE if a not in ("--unit", "device")]) == 2
+    err = capsys.readouterr().err
+    assert "--sigma applies only to --unit device" in err and "default unit is record" in err
     missing = [a for a in DEVICE if a not in ("--n0", "0.05")]
     assert main(missing) == 2
     assert "--n0" in capsys.readouterr().err

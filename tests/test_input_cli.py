@@ -17,8 +17,8 @@ COORD = ["--set", "clip.mode=coordinate", "--set", "privacy.unit=device",
          "--set", "privacy.accounting=paper"]
 #: No data set here: a calibrate case that got as far as training would fail loudly.
 NO_DATA = ["--set", "data_dir=/nonexistent-testbed-data"]
-PRIVACY = ["privacy", "--sigma", "0.1", "--alpha", "1", "--h", "1", "--n0", "0.01",
-           "--rounds", "10"]
+PRIVACY = ["privacy", "--unit", "device", "--sigma", "0.1", "--alpha", "1", "--h", "1",
+           "--n0", "0.01", "--rounds", "10"]
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *fragments: str) -> str:

@@ -1,9 +1,10 @@
 """``testbed privacy`` and ``testbed privacy-curve``: epsilon of the piggyback DP scheme.
 
-``privacy`` evaluates one device's epsilon after K identical uploads under the ``paper``
-(003 Theorem 1 / Proposition 1, corrected) or ``strict`` accounting (docs/privacy.md); with
-``--unit record``, the record-level epsilon of K Poisson-subsampled Gaussian steps
-(dp-accounting, RDP or PLD).
+``privacy`` evaluates, by default as a run does (``privacy.unit: record``,
+``privacy.accountant: pld``), the record-level epsilon of K Poisson-subsampled Gaussian steps
+(dp-accounting, PLD or RDP); with ``--unit device``, one device's epsilon after K identical
+uploads under the ``paper`` (003 Theorem 1 / Proposition 1, corrected) or ``strict``
+accounting (docs/privacy.md).
 ``privacy-curve`` regenerates 003 Fig. 2(b)/(c): epsilon versus receive SNR over AWGN and
 Rayleigh block fading, piggyback against channel only, as CSV and PNG.
 """
@@ -42,9 +43,12 @@ def register(sub: Any) -> None:
     """Add the ``privacy`` and ``privacy-curve`` subcommands."""
     p = sub.add_parser(
         "privacy",
-        help="epsilon of one device after K identical uploads",
+        help="epsilon of one record (default, as a run) or one device after K steps/uploads",
         description=(
-            "Epsilon of one device after K identical uploads x = alpha C(g + eta) received as "
+            "Defaults as a run's (privacy.unit: record, privacy.accountant: pld): the "
+            "record-level epsilon of --steps K Poisson-subsampled Gaussian steps at sampling "
+            "rate --q and noise multiplier --z (dp-accounting). With --unit device: the "
+            "epsilon of one device after K identical uploads x = alpha C(g + eta) received as "
             "y = h x + n. N0 is the channel noise variance per REAL coordinate (a complex "
             "symbol with E|n|^2 = N0c carries N0c/2 on each of I and Q). Accountings: 'paper' "
             "(003 Theorem 1/Proposition 1 corrected: K uploads, kappa capped at l) and "
@@ -52,10 +56,11 @@ def register(sub: Any) -> None:
             "is linear). See docs/privacy.md."
         ),
     )
-    p.add_argument("--unit", default="device", choices=["device", "record"],
-                   help="device (default): a device's whole update, the options below; "
-                        "record: one sample, K Poisson-subsampled Gaussian steps "
-                        "(--q, --z, --steps, --accountant, --relation)")
+    p.add_argument("--unit", default="record", choices=["record", "device"],
+                   help="record (default, as a run's privacy.unit): one sample, K "
+                        "Poisson-subsampled Gaussian steps (--q, --z, --steps, --accountant, "
+                        "--relation); device: a device's whole update (--sigma, --alpha, --h, "
+                        "--n0, --rounds, --l, --q, --mode)")
     p.add_argument("--sigma", type=float, help="artificial noise std per coordinate (device)")
     p.add_argument("--alpha", type=float, help="power scaling of C(g + eta) (device)")
     p.add_argument("--h", type=float, help="credited channel gain |h| (>= 0) (device)")
@@ -68,8 +73,9 @@ def register(sub: Any) -> None:
                         "record: Poisson sampling rate in (0, 1]")
     p.add_argument("--z", type=float, help="record: noise multiplier std / (C/B), > 0")
     p.add_argument("--steps", type=int, help="record: K, number of subsampled Gaussian steps")
-    p.add_argument("--accountant", choices=["rdp", "pld"],
-                   help="record: dp-accounting RDP (default) or PLD")
+    p.add_argument("--accountant", choices=["pld", "rdp"],
+                   help="record: dp-accounting PLD (default, as a run's privacy.accountant) "
+                        "or RDP")
     p.add_argument("--relation", choices=["add-remove", "replace-one"],
                    help="record: neighbouring data sets (default add-remove)")
     p.add_argument("--clip", type=float, default=5.0, help="Z, l2 clip bound (default 5)")
@@ -77,7 +83,7 @@ def register(sub: Any) -> None:
                    help="coordinate: |g_j| <= Z/sqrt(d) (default); norm: ||g|| <= Z")
     p.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
     p.add_argument("--mode", default="strict", choices=["paper", "strict"],
-                   help="accounting (default strict)")
+                   help="device: accounting (default strict)")
     p.add_argument("--noise-position", default="before", choices=["before", "after"],
                    help="artificial noise before (Algorithm 1) or after (eq. 21) compression; "
                         "'after' with --q assumes a fixed public quantizer scale")
@@ -149,7 +155,8 @@ _RECORD_ONLY = ("z", "steps", "accountant", "relation")
 def _only_for(args: argparse.Namespace, unit: str, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(args, name) is not None:
-            _fail(f"--{name} applies only to --unit {unit}")
+            default = " (the default unit is record, as in a run)" if unit == "device" else ""
+            _fail(f"--{name} applies only to --unit {unit}{default}")
 
 
 def _privacy(args: argparse.Namespace) -> int:
@@ -222,7 +229,7 @@ def _privacy_record(args: argparse.Namespace) -> int:
     for name, value, ok, allowed in checks:
         if not ok:
             _fail(f"{name}={value} is not allowed; must be {allowed}")
-    accountant = args.accountant or "rdp"
+    accountant = args.accountant or "pld"
     relation = args.relation or "add-remove"
     res = record_epsilon_for(q=float(args.q), z=args.z, steps=args.steps, delta=args.delta,
                              accountant=accountant, relation=relation)

@@ -113,3 +113,49 @@ def test_privacy_defaults_are_a_runs(capsys: pytest.CaptureFixture[str]) -> None
         main(["privacy", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "record (default" in help_text and "PLD (default" in help_text
+
+
+# -- 3. a channel credit the config cannot get -------------------------------------------------
+
+
+@pytest.mark.parametrize(("sets", "fix"), [
+    (["scheme=channel-dp"], "privacy.noise=upload and local_steps=1"),
+    (["scheme=ee-dp-fl", "privacy.noise=upload", "local_steps=1",
+      "compression.quantize=true"], "compression.quantize=false"),
+    (["scheme=ee-dp-fl", "privacy.unit=device", "clip.mode=coordinate"],
+     "compression.quantize=false"),
+])
+def test_uncreditable_channel_credit_warns(sets: list[str], fix: str) -> None:
+    from testbed.core.channel_credit import (
+        ChannelCreditWarning,
+        channel_noise_report,
+        credited_config,
+    )
+    from testbed.core.config.loader import load_experiment, load_hardware
+
+    cfg = load_experiment(None, sets)
+    hw = load_hardware(cfg.hw_config)
+    with pytest.warns(ChannelCreditWarning, match="nothing is credited") as record:
+        credited_config(cfg, hw)
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert cfg.scheme in message and fix in message
+    if cfg.privacy.unit == "record":  # the summary's reason says the same
+        assert channel_noise_report(cfg, hw, [])["reason"] == message
+
+
+@pytest.mark.parametrize("sets", [
+    ["scheme=channel-dp", "privacy.noise=upload", "local_steps=1"],  # credited
+    ["scheme=ldp-fedavg"],  # does not ask for the credit
+    ["scheme=channel-dp", "privacy.trusted_channel_noise=0"],
+])
+def test_no_warning_where_nothing_is_lost(sets: list[str]) -> None:
+    import warnings
+
+    from testbed.core.channel_credit import ChannelCreditWarning, credited_config
+    from testbed.core.config.loader import load_experiment, load_hardware
+
+    cfg = load_experiment(None, sets)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ChannelCreditWarning)
+        credited_config(cfg, load_hardware(cfg.hw_config))

@@ -21,7 +21,10 @@ credited.
 
 A run that credits nothing keeps the seeded noise: it stays bit-reproducible from its seed.
 The record unit adds its own conditions on top (no credit through a quantizer or with noise
-at every local step; :mod:`testbed.core.record_schemes`).
+at every local step; :mod:`testbed.core.record_schemes`), and the device unit's strict
+accounting credits nothing through a quantizer after the noise. A config whose scheme asks
+for the credit but whose uploads cannot carry it gets a :class:`ChannelCreditWarning` saying
+why and what to set instead (:func:`credit_blocked`), and the summary's reason says the same.
 
 **When the credit is known.** On the ``symbol`` link the channel state is known before the
 upload leaves (``probe``), so the artificial noise is calibrated *with* the credit at the
@@ -41,6 +44,7 @@ is refused on those links.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,7 +57,7 @@ from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.link import link_name
 from testbed.core.config.loader import ConfigError
 from testbed.core.noise import gaussian
-from testbed.core.schemes import SCHEMES
+from testbed.core.schemes import SCHEMES, quant_levels
 
 if TYPE_CHECKING:
     from testbed.core.schemes import DeviceUplink
@@ -114,6 +118,59 @@ def wants_channel_credit(cfg: ExperimentConfig) -> bool:
         and SCHEMES[cfg.scheme].credit_channel
         and cfg.privacy.trusted_channel_noise > 0
     )
+
+
+class ChannelCreditWarning(UserWarning):
+    """The scheme asks for the channel-noise credit, but the config's uploads cannot carry it
+    (noise at every local step, or a quantizer after the noise): nothing is credited."""
+
+
+def credit_blocked(cfg: ExperimentConfig) -> str:
+    """Why a config whose scheme asks for the channel credit gets none from the form of its
+    uploads, with what to set instead; ``""`` when it can (or does not ask).
+
+    The conditions are those the uplinks are resolved with
+    (:func:`testbed.core.record_schemes.resolve_record_uplinks`: upload noise and no
+    quantizer; :mod:`testbed.core.privacy.strict`: no quantizer between the noise and the
+    air). A plan decides its own credit (checked when it is loaded), so a config with a plan
+    gives ``""``.
+
+    Parameters
+    ----------
+    cfg
+        The experiment config.
+
+    Returns
+    -------
+    str
+        One sentence for a warning and the summary, or ``""``.
+    """
+    if not wants_channel_credit(cfg) or cfg.plan is not None:
+        return ""
+    pc, levels = cfg.privacy, quant_levels(cfg)
+    asks = (f"scheme {cfg.scheme} credits the channel noise (privacy.trusted_channel_noise "
+            f"{pc.trusted_channel_noise:g}), but")
+    if pc.unit == "record" and pc.noise == "per-step":
+        return (
+            f"{asks} privacy.noise=per-step adds the privacy noise at each of the "
+            f"{cfg.local_steps} local steps, and the channel noise reaches the model only "
+            "through the upload, not linearly, so nothing is credited and the artificial "
+            "noise alone meets the target; for the credit set privacy.noise=upload and "
+            "local_steps=1 (FedSGD, as testbed/config/private-fedsgd.yaml)"
+        )
+    quantized = levels is not None and (
+        pc.unit == "record"
+        or (SCHEMES[cfg.scheme].noise == "before" and pc.accounting == "strict")
+    )
+    if quantized:
+        return (
+            f"{asks} its quantizer (Q = {levels}) sits between the privacy noise and the air "
+            "and is not linear, so nothing is credited and the artificial noise alone meets "
+            "the target; for the credit set compression.quantize=false"
+            + (" (or scheme noise-after-compression, whose fixed-scale quantizer comes "
+               "before the noise)" if pc.unit == "device" else "")
+        )
+    return ""
 
 
 def noise_source(cfg: ExperimentConfig) -> ChannelNoise:
@@ -198,12 +255,26 @@ def credited_config(cfg: ExperimentConfig, hw: HardwareConfig) -> ExperimentConf
     """``cfg`` with ``privacy.trusted_channel_noise`` set to what the run may credit: the
     config every device's settings (sigma, alpha, the trusted fraction) are resolved from.
 
+    Warns
+    -----
+    ChannelCreditWarning
+        The scheme asks for the credit but the uploads cannot carry it
+        (:func:`credit_blocked`).
+
     Raises
     ------
     ConfigError
         A plan that credits channel noise, over a link whose noise is seeded (the plan's
         sigma assumed a credit the run cannot give).
     """
+    blocked = credit_blocked(cfg)
+    if blocked:
+        warnings.warn(blocked, ChannelCreditWarning, stacklevel=2)
+    return _credited_config(cfg, hw)
+
+
+def _credited_config(cfg: ExperimentConfig, hw: HardwareConfig) -> ExperimentConfig:
+    """:func:`credited_config` without its warning."""
     credit = channel_credit(cfg, hw)
     if credit.fraction == cfg.privacy.trusted_channel_noise or not wants_channel_credit(cfg):
         return cfg
@@ -234,7 +305,7 @@ def calibration_config(cfg: ExperimentConfig, hw: HardwareConfig) -> ExperimentC
         learns it only after reception (its sigma leaned on a credit the budget gate cannot
         count before the upload leaves).
     """
-    cfg = credited_config(cfg, hw)
+    cfg = _credited_config(cfg, hw)
     if not credited_after_reception(cfg, hw):
         return cfg
     if cfg.plan is not None:
@@ -258,7 +329,7 @@ def channel_noise_report(
     credited = max((up.trusted for up in uplinks), default=0.0)
     reason = credit.reason
     if credited == 0 and not reason:
-        reason = (
+        reason = credit_blocked(cfg) or (
             "the scheme's uploads do not put the channel noise on the noisy value linearly "
             "(a quantizer in between, or noise at every local step; docs/privacy.md)"
         )

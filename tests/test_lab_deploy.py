@@ -31,11 +31,20 @@ def _weights(run_dir: Path) -> np.ndarray:
         return z["weights"].copy()
 
 
-def test_launch_equals_in_process_run(tmp_path: Path) -> None:
+def test_launch_equals_in_process_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     overrides = [*PLAIN_SETS, "rounds=5", "energy.source=auto"]
     code = launch(None, 4, tmp_path / "lab", overrides=overrides, hw_overrides=[],
                   round_timeout_s=60, join_timeout_s=120)
     assert code == 0
+    # the aggregator's joins and per-round lines relayed as they came; the outcome line last
+    out = capsys.readouterr()
+    relayed = out.err.splitlines()
+    assert relayed.count("aggregator: all 4 devices joined") == 1
+    assert [ln.split(":")[1] for ln in relayed if ln.startswith("aggregator: round ")] == [
+        f" round {k}/5" for k in range(1, 6)]
+    assert out.out.splitlines()[-1].startswith("run completed: 5/5 rounds, final test accuracy")
     cfg = load_experiment(None, [*overrides, "devices=4"])
     summary = run_experiment(cfg, tmp_path / "inproc")
     assert summary["status"] == "completed"

@@ -310,6 +310,13 @@ def test_a_failing_cell_is_reported_and_the_others_finish(
     assert good["status"] == "completed" and good["action"] == "ran"
     assert bad["status"] == "failed" and "/nonexistent" in bad["note"]
     assert result.exit_code == 1
+    # one line per cell start and end, each with the running count
+    starts = [ln for ln in lines if " started: data_dir=" in ln and ln.endswith(" to go")]
+    ends = [ln for ln in lines if "): ran: " in ln and ln.endswith(" to go")]
+    assert len(starts) == len(ends) == 2, lines
+    counts = [tuple(int(w) for w in ln.split("; ")[-1].split()[:6:2]) for ln in starts + ends]
+    assert all(sum(c) == 2 for c in counts), lines  # done + running + to go = the cells
+    assert ends[-1].endswith("s; 2 done, 0 running, 0 to go"), lines  # with its wall time
     assert len(_csv_rows(out / "results.csv")) == 2
     assert (out / "logs" / f"{cell_name((('data_dir', '/nonexistent'),))}.log").is_file()
 

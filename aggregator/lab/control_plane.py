@@ -1,6 +1,10 @@
 """The lab aggregator's side of the control plane: edges join (``hello``, ``welcome``,
 ``ready``), messages are received and validated, clock requests answered at once.
 
+The log says who joins as they join (a device has joined once it reported ``ready``),
+``all N devices joined`` once, and every device that leaves or drops out (a new process of
+the same device replacing a ready one) and every one that rejoins.
+
 Only allow-listed device keys get through the CurveZMQ server; a message whose ``device`` is
 not its sender's, or that is malformed or out of place, is dropped and counted, never acted
 on.
@@ -67,6 +71,8 @@ class ControlPlane:
         self.rejected = 0
         #: Called with the device id when an edge (re)reports ``ready``.
         self.on_ready: Any = None
+        #: Whether every device has been ready at once (``all N devices joined`` logged).
+        self.all_joined = False
 
     def ready(self, device: int) -> bool:
         peer = self.peers.get(device)
@@ -74,6 +80,10 @@ class ControlPlane:
 
     def all_ready(self) -> bool:
         return all(self.ready(i) for i in range(self.devices))
+
+    def ready_count(self) -> int:
+        """How many devices are ready (joined and not gone since)."""
+        return sum(1 for p in self.peers.values() if p.ready)
 
     def send(self, device: int, msg_type: str, fields: dict[str, Any],
              payload: bytes | None = None) -> None:
@@ -114,7 +124,11 @@ class ControlPlane:
             if known is None or (known.identity, known.instance) != (identity, msg["instance"]):
                 # a new edge process (first join or a restart): it must report ready again
                 self.peers[device] = Peer(device, identity, msg["instance"])
-                log.info("device %d joined (instance %s)", device, msg["instance"])
+                if known is not None and known.ready:
+                    log.info("device %d dropped out: a new process (instance %s) replaces "
+                             "instance %s; %s", device, msg["instance"], known.instance,
+                             self._count_note())
+                log.info("device %d connected (instance %s)", device, msg["instance"])
             self.send(device, "welcome", {**self.welcome, "next_round": self.next_round})
             return None
         peer = self.peers.get(device)
@@ -129,12 +143,18 @@ class ControlPlane:
             peer.nonces = set(msg["nonces"])
             rejoined = not peer.ready  # else the same process saying it is still there
             peer.ready = True
+            if rejoined:
+                log.info("device %d %s (%s samples); %s", device,
+                         "rejoined" if self.all_joined else "joined", peer.dataset_size,
+                         self._count_note())
             if self.on_ready is not None and rejoined:
                 self.on_ready(device)
             return None
         if msg.type == "leave":
-            log.info("device %d left: %s", device, msg["reason"])
+            was_ready = peer.ready
             peer.ready = False
+            log.info("device %d left: %s%s", device, msg["reason"],
+                     f"; {self._count_note()}" if was_ready else "")
             return None
         if msg.type == "clock_req":  # answered at once, whatever else is under way
             self.send(device, "clock", {"t_send": msg["t_send"], "t_remote": self.clock()})
@@ -144,6 +164,11 @@ class ControlPlane:
             return None
         return device, msg
 
+    def _count_note(self) -> str:
+        """``3/4 devices joined`` (before all have joined), ``3/4 devices ready`` after."""
+        return (f"{self.ready_count()}/{self.devices} devices "
+                f"{'ready' if self.all_joined else 'joined'}")
+
     def reject(self, device: int, why: str) -> None:
         """Drop a message that does not belong (logged, counted in ``rejected``)."""
         self.rejected += 1
@@ -152,7 +177,8 @@ class ControlPlane:
                         self.rejected)
 
     def wait_all_ready(self, timeout_s: float, stop: StopSignals) -> None:
-        """Serve joins until every device is ready.
+        """Serve joins until every device is ready; logs ``all N devices joined`` (once per
+        control plane) and, every 10 s until then, who is still awaited.
 
         Raises
         ------
@@ -172,6 +198,11 @@ class ControlPlane:
                 )
             if now - last_note > 10:
                 missing = [i for i in range(self.devices) if not self.ready(i)]
-                log.info("waiting for devices %s to join", missing)
+                connected = [i for i in missing if i in self.peers]
+                log.info("waiting for devices %s to join (%s)%s", missing, self._count_note(),
+                         f"; {connected} connected, not ready yet" if connected else "")
                 last_note = now
             self.poll(0.2)
+        if not self.all_joined:
+            self.all_joined = True
+            log.info("all %d devices joined", self.devices)

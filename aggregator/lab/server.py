@@ -144,7 +144,8 @@ def serve(
         assert isinstance(remote, RemoteDevices)
         for i in range(cfg.devices):
             remote.sync(i)
-        return run_rounds(loop, start, progress=progress)
+        # off a terminal the per-round lines are this process's log lines
+        return run_rounds(loop, start, progress=progress, emit=log.info)
     except BaseException:
         rundir.close()
         if resume_dir is None and start == 0 and not rundir.metrics_path.exists():

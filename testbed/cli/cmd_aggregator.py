@@ -97,7 +97,9 @@ def register(sub: Any) -> None:
                    help="seconds a round waits for a device that dropped out to rejoin, once "
                    "per absence (default 0: the round goes on without it)")
     p.add_argument("--endpoint-file", type=Path, help="write the bound endpoint here")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress: neither the bar (stderr a terminal) nor the per-round "
+                   "log lines (otherwise; every progress_every rounds)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-report", action="store_true",
                    help="do not write report.md and its figures at the end (testbed report)")
@@ -120,7 +122,8 @@ def _run(args: argparse.Namespace) -> int:
     from testbed.core.rundir import RunDirError, default_run_path, dumps
 
     setup_logging()
-    progress = not args.no_progress and sys.stderr.isatty()
+    # a bar when stderr is a terminal, else plain lines (aggregator.run_rounds)
+    progress = not args.no_progress
     phase_timeout = args.phase_timeout or DEFAULT_PHASE_TIMEOUT_S
     try:
         check_endpoint(args.bind, "--bind", bind=True)

@@ -30,7 +30,9 @@ def register(sub: Any) -> None:
         help="run a lab run on this machine: an aggregator and N edge processes (loopback)",
         description=(
             "Write fresh CurveZMQ keys, start `testbed aggregator` on a free loopback port and "
-            "N `testbed edge` processes, wait for the run to end. Ctrl-C stops them all. "
+            "N `testbed edge` processes, wait for the run to end (the aggregator's progress "
+            "lines and its devices' joins relayed to stderr; at the end the run's outcome "
+            "line). Ctrl-C stops them all. "
             "--out DIR holds aggregator/ (the run directory), edge-I/ (each device's ledger), "
             "keys/ and logs/. Exit code: the aggregator's."
         ),
@@ -54,6 +56,10 @@ def register(sub: Any) -> None:
                    metavar="SECONDS",
                    help="zcdp-secagg: seconds each secure-aggregation phase after the keys "
                    "waits (default: the aggregator's)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="do not relay the aggregator's per-round progress lines and its "
+                   "devices' joins and departures to stderr (they stay in logs/aggregator.log "
+                   "unless this is given)")
     p.set_defaults(func=_run)
 
 
@@ -73,7 +79,8 @@ def _run(args: argparse.Namespace) -> int:
                       hw_overrides=args.hw_overrides, hw_config=args.hw,
                       round_timeout_s=args.round_timeout,
                       join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance,
-                      phase_timeout_s=args.phase_timeout, fallback=args.fallback)
+                      phase_timeout_s=args.phase_timeout, fallback=args.fallback,
+                      progress=not args.no_progress)
     except FallbackRefused as exc:
         print(f"testbed launch: link failed: {exc}; nothing went on air", file=sys.stderr)
         return 5

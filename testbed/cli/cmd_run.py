@@ -55,7 +55,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress: neither the bar (stderr a terminal) nor the plain "
+                   "per-round lines (otherwise; every progress_every rounds)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-report", action="store_true",
                    help="do not write report.md and its figures at the end (testbed report)")
@@ -69,7 +71,8 @@ def _run(args: argparse.Namespace) -> int:
     from testbed.core.radio_fallback import FallbackRefused
     from testbed.core.rundir import RunDirError, default_run_path, dumps
 
-    progress = not args.no_progress and sys.stderr.isatty()
+    # a bar when stderr is a terminal, else plain lines (aggregator.run_rounds)
+    progress = not args.no_progress
     out: Path | None = None
     try:
         if args.resume is not None:

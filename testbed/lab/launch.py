@@ -20,6 +20,7 @@ device args changed.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,6 +129,78 @@ def _wait_for_air(children: Children, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+#: The aggregator's log lines a launch relays to its own stderr as they come: the rounds'
+#: progress lines and the devices joining, leaving and dropping out.
+RELAYED = re.compile(
+    r"testbed\.aggregator: (round \d+/\d+: |all \d+ devices joined"
+    r"|device \d+ (joined|rejoined|left|dropped out))"
+)
+
+
+class LogRelay:
+    """Print the :data:`RELAYED` lines a child adds to its log file (complete lines only).
+
+    Parameters
+    ----------
+    path
+        The child's log file (it may not exist yet).
+    prefix
+        Put before every relayed line (``aggregator: ``).
+    enabled
+        ``False``: relay nothing.
+    """
+
+    def __init__(self, path: Path, prefix: str, *, enabled: bool = True) -> None:
+        self.path = path
+        self.prefix = prefix
+        self.enabled = enabled
+        self.offset = 0
+
+    def poll(self) -> None:
+        """Relay the lines completed since the last call."""
+        if not self.enabled:
+            return
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for raw in chunk[:end].splitlines():
+            line = raw.decode("utf-8", "replace")
+            found = RELAYED.search(line)
+            if found:  # the message, without the log line's time and logger name
+                print(self.prefix + line[found.start(1):], file=sys.stderr, flush=True)
+
+
+def outcome_note(run_dir: Path, exit_code: int) -> str:
+    """The outcome line of the run in ``run_dir`` (:func:`aggregator.outcome.outcome_line`
+    of its ``summary.json``, as ``testbed run`` prints it), or why there is none.
+
+    Parameters
+    ----------
+    run_dir
+        The aggregator's run directory (``OUT/aggregator``).
+    exit_code
+        The aggregator's exit code (named when there is no summary).
+    """
+    import json
+
+    from aggregator.outcome import outcome_line
+
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        return outcome_line(summary, run_dir)
+    except FileNotFoundError:
+        return (f"no run outcome: {path} is missing (the aggregator exited with code "
+                f"{exit_code} before writing it)")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"no run outcome: {path} is unreadable ({type(exc).__name__}: {exc})"
+
+
 def launch(
     config: str | None,
     devices: int,
@@ -144,18 +217,23 @@ def launch(
     edge_env: dict[int, dict[str, str]] | None = None,
     on_started: Any = None,
     fallback: str | None = None,
+    progress: bool = True,
 ) -> int:
     """Start the aggregator and ``devices`` edges (and a virtual lab's air); wait for the
     aggregator; stop the rest.
 
-    Returns the aggregator's exit code (130 when stopped by a signal).
+    While the run goes, the aggregator's progress lines (one per round, or every
+    ``progress_every``) and its devices' joins and departures are relayed to stderr
+    (:class:`LogRelay`); at the end the run's outcome line is printed to stdout
+    (:func:`outcome_note`). Returns the aggregator's exit code (130 when stopped by a signal).
     ``hw_config``: a hardware config every process reads (module docstring; ``None``: the
     experiment's ``hw_config`` with ``hw_overrides`` on the aggregator only);
     ``train_allowance_s``, ``phase_timeout_s``: the aggregator's ``--train-allowance`` and
     ``--phase-timeout`` (``None``: its defaults); ``edge_args``: extra arguments per edge;
     ``edge_env``: extra environment variables per edge (fault injection); ``fallback``:
     ``--fallback`` (emulated radios when no USRP is found; without ``hw_config`` it applies
-    to the experiment's own ``hw_config``).
+    to the experiment's own ``hw_config``); ``progress``: ``False`` passes ``--no-progress``
+    to the aggregator and relays nothing (the outcome line is still printed).
 
     Raises
     ------
@@ -196,7 +274,7 @@ def launch(
                "--keys", str(keys), "--out", str(out_dir / "aggregator"),
                "--endpoint-file", str(endpoint_file), "--set", f"devices={devices}",
                "--round-timeout", str(round_timeout_s), "--join-timeout", str(join_timeout_s),
-               "--no-progress"]
+               *([] if progress else ["--no-progress"])]
         if train_allowance_s is not None:
             agg += ["--train-allowance", repr(float(train_allowance_s))]
         if phase_timeout_s is not None:
@@ -228,21 +306,30 @@ def launch(
             if on_started is not None:
                 on_started(children)
         agg_proc = children.procs["aggregator"]
+        relay = LogRelay(children.log_dir / "aggregator.log", "aggregator: ",
+                         enabled=progress)
         while agg_proc.poll() is None and not stopped["signal"]:
+            relay.poll()
             time.sleep(0.1)
         if stopped["signal"]:
             children.stop_all()
-            return 130
-        # The aggregator said leave; give the edges a moment, then make sure (the air last).
-        edges = [n for n in children.procs if n not in ("aggregator", "air")]
-        end = time.monotonic() + 10
-        while any(children.procs[n].poll() is None for n in edges) and time.monotonic() < end:
-            time.sleep(0.1)
-        children.stop(edges)
-        children.stop([n for n in children.procs if n == "air"])
-        return int(agg_proc.returncode)
+            code = 130
+        else:
+            # The aggregator said leave; give the edges a moment, then make sure (the air
+            # last).
+            code = int(agg_proc.returncode)
+            edges = [n for n in children.procs if n not in ("aggregator", "air")]
+            end = time.monotonic() + 10
+            while (any(children.procs[n].poll() is None for n in edges)
+                   and time.monotonic() < end):
+                time.sleep(0.1)
+            children.stop(edges)
+            children.stop([n for n in children.procs if n == "air"])
+        relay.poll()
     finally:
         children.stop_all()
         for s, h in old.items():
             signal.signal(s, h)
         os.sync()
+    print(outcome_note(out_dir / "aggregator", code), flush=True)
+    return code

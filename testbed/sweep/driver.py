@@ -10,6 +10,11 @@ Output folder layout::
     OUT/results.png       accuracy against the first numeric grid key
     OUT/.lock             held while a sweep uses the folder
 
+While it runs, one line per cell start and per cell end, each with a running count
+(:class:`CellCount`): ``cell 3/8 started: lr=0.1, seed=1 (run); 2 done, 1 running, 5 to
+go`` and ``cell 3/8 (lr=0.1, seed=1): ran: completed, accuracy 0.8100, 12.3 s; 3 done, 0
+running, 5 to go``. A cell has started when its worker writes the command line to its log.
+
 Ray is started locally (``ray.init(address="local")``, no dashboard, a bounded number of
 CPUs) unless ``address`` names a running cluster; it is shut down when the sweep ends,
 also after Ctrl-C. With a cluster, every node must see OUT, the base config and any data
@@ -136,6 +141,56 @@ def _job(cell: Cell, spec: SweepSpec, run_dir: Path, log: Path, action: str) -> 
             args += ["--hw-set", item]
         args += ["--out", str(run_dir), "--no-progress"]
     return {"args": args, "cwd": str(Path.cwd()), "log": str(log), "threads": cell.cpus}
+
+
+@dataclass
+class CellCount:
+    """The running count of a sweep's cells: ``done`` (ended, skipped ones included),
+    ``running`` (started, not ended) and the rest, to go.
+
+    Attributes
+    ----------
+    total
+        Cells of the sweep.
+    done
+        Cells that ended (or were skipped as finished earlier).
+    running
+        Names of the cells started and not ended.
+    """
+
+    total: int
+    done: int = 0
+    running: set[str] = field(default_factory=set)
+
+    def text(self) -> str:
+        """``2 done, 1 running, 5 to go``."""
+        to_go = self.total - self.done - len(self.running)
+        return f"{self.done} done, {len(self.running)} running, {to_go} to go"
+
+
+def cell_start_line(n: int, count: CellCount, label: str, action: str) -> str:
+    """The line of cell ``n`` (1-based) starting: ``cell 3/8 started: lr=0.1 (run); 2 done,
+    1 running, 5 to go`` (``action``: ``run`` or ``resume``; ``count`` already has it
+    running)."""
+    return f"cell {n}/{count.total} started: {label} ({action}); {count.text()}"
+
+
+def cell_end_line(n: int, count: CellCount, label: str, action: str, row: dict[str, Any],
+                  wall_s: float | None) -> str:
+    """The line of cell ``n`` (1-based) ending: ``cell 3/8 (lr=0.1): ran: completed,
+    accuracy 0.8100, 12.3 s; 3 done, 0 running, 5 to go`` (``count`` already has it done;
+    ``wall_s``: its process's wall time, ``None``: not run)."""
+    took = "" if wall_s is None else f", {wall_s:.1f} s"
+    return (f"cell {n}/{count.total} ({label}): {action}: {_outcome_text(row)}{took}; "
+            f"{count.text()}")
+
+
+def _log_size(path: Path) -> int:
+    """Bytes in a cell's log (0: none yet)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _outcome_text(row: dict[str, Any]) -> str:
@@ -290,9 +345,10 @@ def _run_locked(
     todo = [c for c in cells if actions[c.name] != "skip"]
     if todo:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        count = CellCount(len(cells), done=len(cells) - len(todo))
         with sigterm_as_interrupt():  # reinstalled after ray.init (see _start_ray)
             result.interrupted = _execute_cells(spec, todo, actions, rows, out, address, cpus,
-                                                note, index, save)
+                                                note, index, save, count)
     save()
     plot_results(result.rows, result.grid_keys, result.plot, spec.name)
     note(f"results: {result.table}, {result.plot}")
@@ -338,8 +394,10 @@ def _execute_cells(
     note: Log,
     index: dict[str, int],
     save: Callable[[], None],
+    count: CellCount,
 ) -> bool:
-    """Run ``todo`` as Ray tasks; returns whether the sweep was interrupted."""
+    """Run ``todo`` as Ray tasks; returns whether the sweep was interrupted. Notes one line
+    per cell start and end with the running ``count``."""
     import ray
     from ray.exceptions import RayError, TaskCancelledError
 
@@ -363,16 +421,30 @@ def _execute_cells(
         task = ray.remote(run_cell)
         refs: dict[Any, Cell] = {}
         mtimes: dict[str, int | None] = {}
+        #: Each waiting cell's log size at submission: it has started once the log grew.
+        waiting: dict[str, int] = {}
         for cell in todo:
             run_dir = out / "runs" / cell.name
             summary_path = run_dir / "summary.json"
             mtimes[cell.name] = (
                 summary_path.stat().st_mtime_ns if summary_path.exists() else None
             )
+            waiting[cell.name] = _log_size(out / "logs" / f"{cell.name}.log")
             job = _job(cell, spec, run_dir.resolve(), (out / "logs" / f"{cell.name}.log").resolve(),
                        actions[cell.name])
             ref = task.options(num_cpus=cell.cpus, max_retries=0).remote(job)
             refs[ref] = cell
+
+        def started(cell: Cell) -> None:
+            waiting.pop(cell.name, None)
+            count.running.add(cell.name)
+            note(cell_start_line(index[cell.name], count, cell.label, actions[cell.name]))
+
+        def watch_starts() -> None:
+            for cell in refs.values():
+                size = waiting.get(cell.name)
+                if size is not None and _log_size(out / "logs" / f"{cell.name}.log") > size:
+                    started(cell)
 
         def finish(ref: Any, timeout: float | None = None) -> None:
             cell = refs[ref]
@@ -406,13 +478,19 @@ def _execute_cells(
                 row["status"] = "interrupted"
             rows[cell.name] = row
             save()
-            note(f"cell {index[cell.name]}/{len(rows)} ({cell.label}): {action}: "
-                 f"{_outcome_text(row)}")
+            if res is not None and cell.name in waiting:  # it ran between two looks
+                started(cell)
+            waiting.pop(cell.name, None)
+            count.running.discard(cell.name)
+            count.done += 1
+            note(cell_end_line(index[cell.name], count, cell.label, action, row,
+                               None if res is None else res.get("wall_s")))
 
         pending = list(refs)
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+                watch_starts()
                 for ref in done:
                     finish(ref)
         except KeyboardInterrupt:

@@ -2,7 +2,10 @@
 
 Evaluation runs under :func:`torch.inference_mode` in batches of :data:`EVAL_BATCH` images
 (on the MNIST CNN with one thread, batches of 250-500 were the fastest measured; 2,000 and
-more were 1.5-2x slower, the activations no longer fitting in cache).
+more were 1.5-2x slower, the activations no longer fitting in cache). It computes where the
+model's parameters are (the run's ``compute.device``, on which
+:func:`testbed.core.run_setup.initial_model` places the model) or on the ``device`` given;
+the per-sample results come back to the CPU.
 """
 
 from __future__ import annotations
@@ -61,25 +64,37 @@ def sample_scores(
     x: np.ndarray,
     y: np.ndarray,
     batch_size: int = EVAL_BATCH,
+    *,
+    device: torch.device | None = None,
 ) -> SampleScores:
     """Per-sample loss and correctness of weights ``w`` (``(d,)``) on ``x`` ``(n, C, H, W)``
-    (``float32``), ``y`` ``(n,)`` (``int64``)."""
+    (``float32``), ``y`` ``(n,)`` (``int64``).
+
+    ``device``: where to compute (the model is moved there); ``None``: where the model's
+    parameters are. Each batch is moved there and its results back to the CPU.
+    """
     if len(x) != len(y) or len(y) == 0:
         raise ValueError(f"evaluation: {len(x)} images and {len(y)} labels")
     if batch_size < 1:
         raise ValueError(f"batch_size: got {batch_size}; allowed: >= 1")
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        device = torch.device("cpu") if first is None else first.device
+    model = model.to(device)
     set_flat(model, w)
     model.eval()
     losses = np.empty(len(y), dtype=np.float64)
     correct = np.empty(len(y), dtype=bool)
     with torch.inference_mode():
         for start in range(0, len(y), batch_size):
-            xb = torch.from_numpy(x[start : start + batch_size])
-            yb = torch.from_numpy(y[start : start + batch_size])
+            # .to(device) and .cpu() copy nothing when the device is the CPU
+            xb = torch.from_numpy(x[start : start + batch_size]).to(device)
+            yb = torch.from_numpy(y[start : start + batch_size]).to(device)
             logits = model(xb)
             stop = start + len(yb)
-            losses[start:stop] = nn.functional.cross_entropy(logits, yb, reduction="none")
-            correct[start:stop] = (logits.argmax(1) == yb).numpy()
+            loss = nn.functional.cross_entropy(logits, yb, reduction="none")
+            losses[start:stop] = loss.cpu().numpy()
+            correct[start:stop] = (logits.argmax(1) == yb).cpu().numpy()
     return SampleScores(losses, correct)
 
 
@@ -89,9 +104,12 @@ def evaluate(
     x: np.ndarray,
     y: np.ndarray,
     batch_size: int = EVAL_BATCH,
+    *,
+    device: torch.device | None = None,
 ) -> Evaluation:
-    """Evaluate weights ``w`` (``(d,)``) on ``x`` ``(n, C, H, W)``, ``y`` ``(n,)``."""
-    return sample_scores(model, w, x, y, batch_size).summary()
+    """Evaluate weights ``w`` (``(d,)``) on ``x`` ``(n, C, H, W)``, ``y`` ``(n,)``, on
+    ``device`` (``None``: where the model's parameters are)."""
+    return sample_scores(model, w, x, y, batch_size, device=device).summary()
 
 
 def subset_indices(n_test: int, size: int, rng: np.random.Generator) -> np.ndarray:

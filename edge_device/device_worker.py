@@ -92,12 +92,17 @@ def make_trainer(
     y: np.ndarray,
     record: RecordSettings | None,
     index: np.ndarray | None = None,
+    *,
+    device: torch.device | None = None,
 ) -> Any:
     """The device's trainer: :class:`RecordTrainer` at the record unit, else
-    :class:`LocalTrainer`; ``index``: the device's rows of shared ``x``, ``y``."""
+    :class:`LocalTrainer`; ``index``: the device's rows of shared ``x``, ``y``; ``device``:
+    where it trains (``cfg.compute.device`` resolved; ``None``: where the model is)."""
     if record is not None:
-        return RecordTrainer(model, x, y, index=index, backend=cfg.privacy.per_example)
-    return LocalTrainer(model, x, y, index)
+        return RecordTrainer(
+            model, x, y, index=index, backend=cfg.privacy.per_example, device=device
+        )
+    return LocalTrainer(model, x, y, index, device=device)
 
 
 def train_device(
@@ -185,6 +190,10 @@ class DeviceWorker:
     index
         ``None``, or the device's rows of ``x`` and ``y`` (``int``, ``(D,)``): nothing is
         copied per device.
+    compute
+        Where it trains: ``cfg.compute.device`` resolved on this host
+        (:func:`testbed.core.compute.resolve_device`); ``None``: where the model is. The
+        differential comes back to the CPU; privacy noise is drawn on the CPU.
 
     The trainer is made on the first :meth:`train` (a run whose training happens in worker
     processes never makes one here).
@@ -203,9 +212,11 @@ class DeviceWorker:
         meter: EnergyMeter,
         *,
         index: np.ndarray | None = None,
+        compute: torch.device | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = device
+        self.compute = compute
         self.uplink = uplink
         self.record = record
         self.meter = meter
@@ -233,7 +244,8 @@ class DeviceWorker:
         asked for)."""
         if self._trainer is None:
             self._trainer = make_trainer(
-                self.cfg, self._model, self._x, self._y, self.record, self._index
+                self.cfg, self._model, self._x, self._y, self.record, self._index,
+                device=self.compute,
             )
         return self._trainer
 

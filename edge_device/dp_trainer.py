@@ -55,7 +55,7 @@ from torch import nn
 
 from edge_device.laplace_noise import laplace_noise
 from edge_device.per_example import Backend, ClippedGradientSum
-from edge_device.trainer import DeviceData, LocalResult
+from edge_device.trainer import DeviceData, LocalResult, model_device
 from testbed.core.models import get_flat, set_flat
 from testbed.core.noise import gaussian, secure_uniform
 
@@ -143,6 +143,12 @@ class RecordTrainer:
         (the project's layer-wise closed forms, about 1.5x faster; checked against ``vmap``
         in the tests) or ``"auto"`` (``layers`` where every layer is supported)
         (:mod:`edge_device.per_example`).
+    device
+        Where the model trains and the per-example gradients are computed
+        (``compute.device`` resolved, :func:`testbed.core.compute.resolve_device`);
+        ``None``: where the model's parameters are. The model is moved there, each batch is
+        gathered on the CPU and moved there; privacy noise is drawn on the CPU (OS CSPRNG)
+        and moved there; results come back to the CPU.
     """
 
     def __init__(
@@ -153,12 +159,14 @@ class RecordTrainer:
         *,
         index: np.ndarray | None = None,
         backend: Backend = "vmap",
+        device: torch.device | None = None,
     ) -> None:
         self.data = DeviceData(
             np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64), index
         )
-        self.model = model
-        self.clipped_sum = ClippedGradientSum(model, backend=backend)
+        self.device = model_device(model) if device is None else torch.device(device)
+        self.model = model.to(self.device)
+        self.clipped_sum = ClippedGradientSum(model, backend=backend, device=self.device)
         self.d = self.clipped_sum.d
 
     @property
@@ -231,7 +239,8 @@ class RecordTrainer:
         set_flat(self.model, w_global)
         self.model.train()
         params = self.clipped_sum.params
-        differential = torch.zeros(self.d, dtype=torch.float64)
+        dev = self.device
+        differential = torch.zeros(self.d, dtype=torch.float64, device=dev)
         sizes = np.zeros(steps, dtype=np.int64)
         loss_total, seen = 0.0, 0
         for t in range(steps):
@@ -239,13 +248,13 @@ class RecordTrainer:
             sizes[t] = idx.size
             if idx.size:
                 xb, yb = self.data.batch(torch.from_numpy(idx))
-                total, _, losses = self.clipped_sum(xb, yb, example_clip)
+                total, _, losses = self.clipped_sum(xb.to(dev), yb.to(dev), example_clip)
                 loss_total += float(losses.double().sum())
                 seen += int(idx.size)
             else:
-                total = torch.zeros(self.d, dtype=torch.float32)
-            if sigma_sum > 0:
-                total = total + torch.from_numpy(gaussian(self.d, sigma_sum)).float()
+                total = torch.zeros(self.d, dtype=torch.float32, device=dev)
+            if sigma_sum > 0:  # drawn on the CPU (OS CSPRNG), rounded there, then moved
+                total = total + torch.from_numpy(gaussian(self.d, sigma_sum)).float().to(dev)
             step = total * inv_b  # (d,) float32: this step's noisy gradient estimate
             with torch.no_grad():
                 start = 0
@@ -256,7 +265,7 @@ class RecordTrainer:
             differential += total.double() * inv_b
         return RecordResult(
             weights=get_flat(self.model),
-            differential=differential.numpy(),
+            differential=differential.cpu().numpy(),
             mean_loss=loss_total / seen if seen else math.nan,
             batch_sizes=sizes,
             sampling_rate=q,
@@ -321,16 +330,18 @@ class RecordTrainer:
         public = int(normaliser)
         set_flat(self.model, w_global)
         self.model.train()
-        total = torch.zeros(self.d, dtype=torch.float64)
+        dev = self.device
+        total = torch.zeros(self.d, dtype=torch.float64, device=dev)
         loss_total = 0.0
         for start in range(0, n, chunk):
             xs, ys = self.data.span(start, start + chunk)
-            part, _, losses = self.clipped_sum(xs, ys, example_clip, norm=1)
+            part, _, losses = self.clipped_sum(xs.to(dev), ys.to(dev), example_clip, norm=1)
             total += part.double()
             loss_total += float(losses.double().sum())
         differential = total / public  # never / n: n is the data set's, D_pub is public
         if laplace_scale > 0:
-            differential += torch.from_numpy(laplace_noise(self.d, float(laplace_scale)))
+            # drawn on the CPU (OS CSPRNG) in float64, then moved
+            differential += torch.from_numpy(laplace_noise(self.d, float(laplace_scale))).to(dev)
         step = differential.float()
         with torch.no_grad():
             offset = 0
@@ -340,7 +351,7 @@ class RecordTrainer:
                 offset += k
         return RecordResult(
             weights=get_flat(self.model),
-            differential=differential.numpy(),
+            differential=differential.cpu().numpy(),
             mean_loss=loss_total / n,
             batch_sizes=np.array([n], dtype=np.int64),
             sampling_rate=1.0,

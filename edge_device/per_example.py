@@ -195,6 +195,10 @@ class ClippedGradientSum:
         caller may update them in place between calls.
     backend
         ``"auto"``, ``"layers"`` or ``"vmap"`` (see the module docstring).
+    device
+        Where the per-example gradients are computed (``compute.device`` resolved,
+        :func:`testbed.core.compute.resolve_device`); ``None``: where the model's
+        parameters are. The model is moved there, and each batch given to a call.
 
     Raises
     ------
@@ -203,7 +207,13 @@ class ClippedGradientSum:
         ``"layers"`` on a model with other parameterised layers.
     """
 
-    def __init__(self, model: nn.Module, *, backend: Backend = "auto") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        backend: Backend = "auto",
+        device: torch.device | None = None,
+    ) -> None:
         self._auto = backend == "auto"
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
@@ -214,7 +224,11 @@ class ClippedGradientSum:
                 "backend='layers' handles nn.Linear and nn.Conv2d (groups=1, zero padding) "
                 "only; this model has other parameterised layers: use backend='vmap'"
             )
-        self.model = model
+        if device is None:
+            first = next(iter(model.parameters()))  # check_record_level_model: there is one
+            device = first.device
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
         if backend == "auto":
             backend = "layers" if supported else "vmap"
         self.backend: Backend = backend
@@ -243,7 +257,8 @@ class ClippedGradientSum:
         -------
         total
             ``float32``, ``(d,)``: ``sum_i f_i g_i`` with :func:`clip_factors`' ``f_i``, so
-            each example's scaled gradient has norm ``< C`` in float32.
+            each example's scaled gradient has norm ``< C`` in float32. All three are on
+            :attr:`device`.
         norms
             ``float32``, ``(b,)``: the unclipped per-example norms ``||g_i||_2`` (or
             ``||g_i||_1``).
@@ -256,6 +271,7 @@ class ClippedGradientSum:
             )
         if norm not in (1, 2):
             raise ValueError(f"norm={norm!r} must be 1 or 2")
+        x, y = x.to(self.device), y.to(self.device)  # no copy when already there
         if self.backend == "layers":
             try:
                 return self._layers(x, y, clip, norm)
@@ -290,7 +306,7 @@ class ClippedGradientSum:
         l1 = norm == 1
         # l2: float32 squares (each within u = 2^-24) summed in float64; l1: absolute values
         # (exact) summed in float64 (clip_factors' bound covers both)
-        sq = torch.zeros(b, dtype=torch.float64)
+        sq = torch.zeros(b, dtype=torch.float64, device=x.device)
 
         def size(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
             return (t.abs() if l1 else t.square()).sum(dims, dtype=torch.float64)
@@ -333,7 +349,8 @@ class ClippedGradientSum:
                 if bias is not None:
                     grads[bias] = factor @ second  # type: ignore[index]
         flat = [
-            grads[p].reshape(-1) if p in grads else torch.zeros(p.numel()) for p in self.params
+            grads[p].reshape(-1) if p in grads else torch.zeros(p.numel(), device=p.device)
+            for p in self.params
         ]
         return torch.cat(flat), norms, losses.detach()
 

@@ -74,6 +74,12 @@ class DeviceData:
         return self.batch(torch.arange(start, min(stop, len(self)), dtype=torch.int64))
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without any)."""
+    first = next(iter(model.parameters()), None)
+    return torch.device("cpu") if first is None else first.device
+
+
 class LocalTrainer:
     """Runs H steps of plain minibatch SGD on one device's shard.
 
@@ -86,12 +92,24 @@ class LocalTrainer:
         ``index``, the shared training set (see :class:`DeviceData`).
     index
         ``None``, or the device's rows of ``x`` and ``y``, ``int`` ``(D,)``.
+    device
+        Where the model trains (``compute.device`` resolved,
+        :func:`testbed.core.compute.resolve_device`); ``None``: where the model's parameters
+        are. The model is moved there; each minibatch is gathered on the CPU and moved there;
+        the result comes back to the CPU.
     """
 
     def __init__(
-        self, model: nn.Module, x: np.ndarray, y: np.ndarray, index: np.ndarray | None = None
+        self,
+        model: nn.Module,
+        x: np.ndarray,
+        y: np.ndarray,
+        index: np.ndarray | None = None,
+        *,
+        device: torch.device | None = None,
     ) -> None:
-        self.model = model
+        self.device = model_device(model) if device is None else torch.device(device)
+        self.model = model.to(self.device)
         self.data = DeviceData(x, y, index)
         self.loss_fn = nn.CrossEntropyLoss()
 
@@ -118,6 +136,7 @@ class LocalTrainer:
             idx = torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
             model.zero_grad(set_to_none=True)
             xb, yb = self.data.batch(idx)
+            xb, yb = xb.to(self.device), yb.to(self.device)  # no copy on the CPU
             loss = self.loss_fn(model(xb), yb)
             loss.backward()
             with torch.no_grad():

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from aggregator.devices import Answered, Journal, SecAggOutcome, Upload
 from aggregator.state import RunState
 from edge_device.device_worker import DeviceWorker, Trained, make_trainer, train_device
 from edge_device.energy_meter import ModelMeter, make_meter
 from radio.link import Link
+from testbed.core.compute import check_workers
 from testbed.core.config.loader import ConfigError
 from testbed.core.data.datasets import Dataset
 from testbed.core.interrupts import StopSignals
@@ -44,13 +46,28 @@ class LocalDevices:
         The aggregator's state (the model object is shared: a device trains into it).
     data
         The data set; ``parts``: each device's rows of its training set.
+    compute
+        Where the devices train (``compute.device`` resolved,
+        :func:`testbed.core.compute.resolve_device`); ``None``: where the model is (the
+        run's :func:`~testbed.core.run_setup.initial_model` placed it). On a GPU the devices
+        train one after another in this process (no worker processes).
     """
 
     lists_every_device = False
 
-    def __init__(self, state: RunState, data: Dataset, parts: list[np.ndarray]) -> None:
+    def __init__(
+        self,
+        state: RunState,
+        data: Dataset,
+        parts: list[np.ndarray],
+        *,
+        compute: torch.device | None = None,
+    ) -> None:
         cfg = state.cfg
         self.state = state
+        if compute is None:
+            compute = next(state.model.parameters()).device
+        self.compute = torch.device(compute)
         self.data = data
         self.parts = parts
         # energy.source: measured on a host without a power meter is refused here (exit 2)
@@ -66,8 +83,12 @@ class LocalDevices:
         """Worker processes for local training (``workers``; see
         :func:`~testbed.parallel_training.resolve_workers`). A power meter measures the whole
         host per device's time slice, so it needs one device at a time: ``auto`` is then 1
-        and an explicit number is refused (before any work)."""
+        and an explicit number is refused (before any work). Training on a GPU is in this
+        process too (:func:`~testbed.core.compute.check_workers`)."""
         cfg = self.state.cfg
+        check_workers(self.compute, cfg.workers)
+        if self.compute.type != "cpu":
+            return 1
         per_round = cfg.sample_devices or cfg.clients_per_round or cfg.devices
         n = resolve_workers(cfg.workers, cfg.torch_threads, per_round)
         if n > 1 and not isinstance(self.energy_meter, ModelMeter):
@@ -88,9 +109,10 @@ class LocalDevices:
             return nullcontext(None)
         state, cfg, meter, parts = self.state, self.state.cfg, self.energy_meter, self.parts
         model, x, y = state.model, self.data.x_train, self.data.y_train
+        compute = self.compute  # the CPU: _resolve_workers keeps a GPU run in this process
 
         def make(device: int, record: RecordSettings | None) -> Any:
-            return make_trainer(cfg, model, x, y, record, parts[device])
+            return make_trainer(cfg, model, x, y, record, parts[device], device=compute)
 
         def train(
             trainer: Any, record: RecordSettings | None, device: int, w: np.ndarray, t: int
@@ -220,7 +242,7 @@ class LocalDevices:
             worker = DeviceWorker(
                 state.cfg, state.model, i, self.data.x_train, self.data.y_train,
                 state.uplinks[i], state.record_settings(i), state.run_secret,
-                self.energy_meter, index=self.parts[i],
+                self.energy_meter, index=self.parts[i], compute=self.compute,
             )
             self.device_workers[i] = worker
         return worker

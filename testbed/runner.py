@@ -17,6 +17,7 @@ from typing import Any
 from aggregator.round_loop import RoundLoop
 from aggregator.run_rounds import RoundCallback, run_rounds
 from aggregator.state import RunState
+from testbed.core.compute import ResolvedDevice, check_workers, resolve_device
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import load_experiment, load_hardware
@@ -31,12 +32,22 @@ from testbed.local_devices import LocalDevices
 __all__ = ["local_loop", "run_experiment", "resume_experiment"]
 
 
-def local_loop(cfg: ExperimentConfig, hw: HardwareConfig, rundir: RunDir) -> RoundLoop:
+def local_loop(
+    cfg: ExperimentConfig,
+    hw: HardwareConfig,
+    rundir: RunDir,
+    compute: ResolvedDevice | None = None,
+) -> RoundLoop:
     """The round loop of a run with every device in this process: the data loaded and
-    split, the aggregator's state, the devices (made when first asked)."""
+    split, the aggregator's state, the devices (made when first asked).
+
+    ``compute``: where the model trains and is evaluated (``None``: ``cfg.compute.device``
+    resolved here, :func:`testbed.core.compute.resolve_device`).
+    """
+    compute = compute if compute is not None else resolve_device(cfg.compute.device)
     data, parts = prepare_data(cfg)
     state = RunState(cfg, hw, rundir, data, [len(p) for p in parts])
-    return RoundLoop(state, LocalDevices(state, data, parts))
+    return RoundLoop(state, LocalDevices(state, data, parts, compute=compute.torch_device))
 
 
 def run_experiment(
@@ -60,10 +71,16 @@ def run_experiment(
     ------
     testbed.core.radio_fallback.FallbackRefused
         Some of the link's USRPs found, some not (before the run directory exists).
+    testbed.core.config.errors.ConfigError
+        ``compute.device`` names a CUDA device torch does not see here, or asks for worker
+        processes on a GPU (before the run directory exists).
     """
     from testbed.core.config.link import link_name
     from testbed.core.radio_fallback import fallback_mode, radios_of, resolve_radios
 
+    # where the model computes, checked before anything else is done or created
+    compute = resolve_device(cfg.compute.device)
+    check_workers(compute.torch_device, cfg.workers)
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
     on_usrp = link_name(cfg, hw) == "usrp"
     hw = resolve_radios(hw, fallback_mode(hw, fallback), radios_of(hw, "run") if on_usrp else [],
@@ -73,8 +90,8 @@ def run_experiment(
     out_dir = Path(out_dir)
     rundir = RunDir.create(out_dir)
     try:
-        write_metadata(rundir, cfg, hw)
-        loop = local_loop(cfg, hw, rundir)
+        write_metadata(rundir, cfg, hw, compute=compute)
+        loop = local_loop(cfg, hw, rundir, compute)
     except BaseException:
         rundir.remove()
         raise
@@ -105,8 +122,9 @@ def resume_experiment(
         hw = load_hardware(str(rundir.path / "hw_config.yaml"))
         check_config_pin(rundir, cfg, hw)
         point = resume_point(rundir, private=cfg.scheme != "fedavg")
+        compute = resolve_device(cfg.compute.device)  # this host's device, as at the start
         try:
-            loop = local_loop(cfg, hw, rundir)
+            loop = local_loop(cfg, hw, rundir, compute)
         except LedgerError as exc:
             raise RunDirError(str(exc)) from None
     except BaseException:

@@ -179,8 +179,14 @@ class EdgeAgent:
 
     # -- set-up ---------------------------------------------------------------------------
     def _setup(self, msg: Message) -> None:
-        """Build data shard, model, worker and ledger from the run's config."""
-        from testbed.core.config.loader import load_experiment, load_hardware
+        """Build data shard, model, worker and ledger from the run's config.
+
+        The run's ``compute.device`` is resolved on this host first
+        (:func:`testbed.core.compute.resolve_device`): ``auto`` takes this host's GPU if
+        torch sees one; a CUDA device it does not see is refused before any work.
+        """
+        from testbed.core.compute import resolve_device
+        from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
         from testbed.core.links import link_name, waveform_params
         from testbed.core.models import n_params
         from testbed.core.radio_fallback import check_same_radios
@@ -192,6 +198,10 @@ class EdgeAgent:
         cfg: ExperimentConfig = load_experiment(cfg_path, overrides)
         if self.device >= cfg.devices:
             raise EdgeError(f"--device-id {self.device}: the run has {cfg.devices} devices")
+        try:  # before any work: where this edge trains
+            compute = resolve_device(cfg.compute.device)
+        except ConfigError as exc:
+            raise EdgeError(f"device {self.device}: {exc}") from None
         hw = self.hw_override or load_hardware(cfg.hw_config)
         import torch
 
@@ -199,14 +209,14 @@ class EdgeAgent:
         data, parts = prepare_data(cfg)
         mine = parts[self.device]
         sizes = [len(p) for p in parts]
-        model = initial_model(cfg, data.x_train.shape[1:])
+        model = initial_model(cfg, data.x_train.shape[1:], compute.torch_device)
         self.d = n_params(model)
         uplinks, record = device_settings(cfg, hw, self.d, sizes)
         self.uplink, self.record = uplinks[self.device], record[self.device]
         meter = make_meter(cfg.energy.source, cfg.energy.e_comp_j)
         self.worker = DeviceWorker(
             cfg, model, self.device, data.x_train[mine], data.y_train[mine], self.uplink,
-            self.record, msg["mask_secret"], meter,
+            self.record, msg["mask_secret"], meter, compute=compute.torch_device,
         )
         self.dataset_size = len(mine)
         self.cfg = cfg
@@ -226,8 +236,10 @@ class EdgeAgent:
                 raise EdgeError(f"device {self.device}: {exc}") from None
             open_air(self, hw)
         self.config_yaml = msg["config_yaml"]
-        log.info("device %d: set up for run %s (%d samples, d=%d, link %s)", self.device,
-                 msg["run_id"], self.dataset_size, self.d, self.link)
+        self.compute = compute
+        log.info("device %d: set up for run %s (%d samples, d=%d, link %s, training on %s: "
+                 "%s)", self.device, msg["run_id"], self.dataset_size, self.d, self.link,
+                 compute.name, compute.reason)
 
     def _event(self, round_index: int, channel: dict[str, Any] | None) -> Any:
         """This device's own privacy event of its upload in a round

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from testbed.core.channel_credit import channel_noise_source
+from testbed.core.compute import ResolvedDevice, resolve_device
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.link import link_name
@@ -22,10 +23,22 @@ from testbed.core.seeding import Stream, new_run_secret
 from testbed.core.version import __version__
 
 
-def write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) -> None:
+def write_metadata(
+    rundir: RunDir,
+    cfg: ExperimentConfig,
+    hw: HardwareConfig,
+    *,
+    compute: ResolvedDevice | None = None,
+) -> None:
     """Write a new run's ``config.yaml``, ``hw_config.yaml``, ``run_secret`` (mode 0600)
     and ``meta.json`` (versions, seed streams, where privacy noise and sampling come from,
-    the config pin checked on resume)."""
+    where this process's model computes, the config pin checked on resume).
+
+    ``compute``: ``cfg.compute.device`` as resolved by the caller; ``None``: resolved here
+    (:func:`testbed.core.compute.resolve_device`, which refuses a CUDA device torch does not
+    see, before any file is written).
+    """
+    compute = compute if compute is not None else resolve_device(cfg.compute.device)
     rundir.write_text("config.yaml", dump_yaml(cfg))
     rundir.write_text("hw_config.yaml", dump_yaml(hw))
     rundir.write_text("run_secret", new_run_secret() + "\n", mode=0o600)
@@ -54,6 +67,8 @@ def write_metadata(rundir: RunDir, cfg: ExperimentConfig, hw: HardwareConfig) ->
             else "none: every device every round"
         ),
         "channel_noise_source": channel_noise_source(cfg, hw),
+        # where this process trains and evaluates (a lab's edges resolve their own)
+        "compute": compute.metadata(),
     }
     radios = emulation_facts(hw)
     if radios is not None:  # loud: a run on emulated radios says so first

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from testbed.core.channel_credit import calibration_config, credited_config
+from testbed.core.compute import resolve_device
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.data.datasets import Dataset, load_dataset
@@ -57,12 +58,30 @@ def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
     return Dataset(data.name, empty_x, np.zeros(0, np.int64), x_test, y_test, data.n_classes)
 
 
-def initial_model(cfg: ExperimentConfig, input_shape: tuple[int, ...]) -> torch.nn.Module:
+def initial_model(
+    cfg: ExperimentConfig, input_shape: tuple[int, ...], device: torch.device | None = None
+) -> torch.nn.Module:
     """The run's model at its seeded initial weights (the same on the aggregator and on
-    every edge); ``input_shape``: one sample's shape, e.g. ``(1, 28, 28)``."""
+    every edge), on the device it computes on.
+
+    Parameters
+    ----------
+    cfg
+        The run's config.
+    input_shape
+        One sample's shape, e.g. ``(1, 28, 28)``.
+    device
+        Where the model computes (training, evaluation); ``None``: ``cfg.compute.device``
+        resolved on this host (:func:`testbed.core.compute.resolve_device`, which refuses a
+        CUDA device torch does not see). The weights are drawn on the CPU and then moved, so
+        they are the same on every device.
+    """
+    if device is None:
+        device = resolve_device(cfg.compute.device).torch_device
     init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
     shape = tuple(int(x) for x in input_shape)
-    return build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
+    model = build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
+    return model.to(device)
 
 
 def device_settings(

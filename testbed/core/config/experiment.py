@@ -16,7 +16,8 @@ would overflow later arithmetic have upper bounds: ``clip.bound <= 1e6``,
 be a plain file name (:data:`NAME_PATTERN`).
 
 The sections of the config (``clip``, ``compression``, ``privacy``, ``power``, ``energy``)
-are in :mod:`testbed.core.config.sections`.
+are in :mod:`testbed.core.config.sections`; ``compute`` (where the model computes) is
+:class:`ComputeConfig` here, resolved on each host by :mod:`testbed.core.compute`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,42 @@ DEFAULT_DATA_DIRS: dict[str, str | None] = {
     "mnist": None,
     "cifar10": None,
 }
+
+
+#: The values of ``compute.device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (N >= 0).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda|cuda:(0|[1-9][0-9]{0,3})")
+#: What ``compute.device`` allows, for error messages.
+DEVICE_ALLOWED = (
+    "'auto' (CUDA when torch sees a GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N' "
+    "(N = 0, 1, ...: the GPU's index)"
+)
+
+
+class ComputeConfig(_Strict):
+    """Where local training, per-example gradients and evaluation compute.
+
+    ``device: auto`` takes the first CUDA device when torch sees one, else the CPU; ``cpu``
+    computes exactly as before this setting existed; ``cuda`` / ``cuda:N`` ask for a GPU
+    and are refused before any work on a host where torch does not see it
+    (:func:`testbed.core.compute.resolve_device`). Each host resolves it for itself (the
+    aggregator for evaluation, every edge agent for its training).
+    """
+
+    device: str = Field(
+        "auto",
+        description=(
+            "auto | cpu | cuda | cuda:N: where the model trains and is evaluated (auto: "
+            "CUDA when available, else the CPU); privacy noise stays on the CPU"
+        ),
+    )
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_value(cls, v: Any) -> Any:
+        # Before strict str checking: one message that says what is allowed.
+        if not isinstance(v, str) or not DEVICE_PATTERN.fullmatch(v):
+            raise ValueError(f"allowed: {DEVICE_ALLOWED}")
+        return v
 
 
 #: A run name: letters, digits, ``-``, ``_``, ``.``; not starting with ``.``; 1-100 chars.
@@ -228,6 +265,7 @@ class ExperimentConfig(_Strict):
     privacy: PrivacyConfig = PrivacyConfig()
     power: PowerConfig = PowerConfig()
     energy: EnergyConfig = EnergyConfig()
+    compute: ComputeConfig = ComputeConfig()
 
     @field_validator("name")
     @classmethod

@@ -107,7 +107,7 @@ def test_loopback_trials_have_an_upper_bound(
     "argv,fragment",
     [
         (["radio", "loopback", "--link", "symbol", "--snr-db", "-1e308"], "snr_db"),
-        (["radio", "loopback", "--link", "symbol", "--snr-db", "10", "--cfo-hz", "-1e308"],
+        (["radio", "loopback", "--link", "waveform", "--snr-db", "10", "--cfo-hz", "-1e308"],
          "--cfo-hz"),
         (["radio", "loopback", "--link", "symbol", "--snr-db", "10", "--delay-samples",
           "-1E3"], "--delay-samples"),

@@ -159,3 +159,32 @@ def test_no_warning_where_nothing_is_lost(sets: list[str]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", ChannelCreditWarning)
         credited_config(cfg, load_hardware(cfg.hw_config))
+
+
+# -- 4. loopback impairments on links that ignore them ------------------------------------------
+
+
+@pytest.mark.parametrize(("link", "extra", "named"), [
+    ("symbol", ["--cfo-hz", "2000"], "--cfo-hz"),
+    ("usrp", ["--cfo-hz", "-300"], "--cfo-hz"),
+    ("symbol", ["--delay-samples", "40"], "--delay-samples"),
+    ("symbol", ["--cfo-hz", "2000", "--delay-samples", "4"], "--cfo-hz/--delay-samples"),
+])
+def test_loopback_refuses_an_impairment_the_link_ignores(
+    link: str, extra: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["radio", "loopback", "--link", link, "--snr-db", "20", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("testbed: error:") and "\n" not in err
+    assert named in err and f"the {link} link does not apply" in err
+    assert "waveform" in err and "gnuradio" in err
+
+
+def test_loopback_applies_the_offset_where_it_can(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["radio", "loopback", "--link", "symbol", "--snr-db", "20", "--cfo-hz", "0",
+                 "--n-symbols", "500", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["radio", "loopback", "--link", "waveform", "--snr-db", "20", "--cfo-hz",
+                 "2000", "--n-symbols", "2000", "--json"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["cfo_est_hz"] == pytest.approx(2000.0, abs=50.0)

@@ -306,6 +306,10 @@ MAX_LOOPBACK_TRIALS = 10_000
 
 #: Hardware-config keys that loopback sets from its flags.
 _FLAG_OF_KEY = {"waveform.cfo_hz": "--cfo-hz", "waveform.delay_max_samples": "--delay-samples"}
+#: Links whose emulated channel applies those keys (:func:`testbed.core.links.emulator_params`):
+#: ``symbol`` carries symbols with no waveform, and ``usrp`` goes through real or virtual
+#: radios (their own oscillators; a virtual air takes ``virtual_air.cfo_hz``).
+_EMULATED_IMPAIRMENT_LINKS = ("waveform", "gnuradio")
 
 
 def _check_number(flag: str, value: float, *, minimum: float | None = None) -> None:
@@ -330,6 +334,18 @@ def _validate_loopback_args(args: argparse.Namespace) -> None:
     _check_number("--cfo-hz", args.cfo_hz)
     if args.delay_samples is not None:
         _check_number("--delay-samples", args.delay_samples, minimum=0.0)
+    if args.link not in _EMULATED_IMPAIRMENT_LINKS:
+        given = [flag for flag, value in (("--cfo-hz", args.cfo_hz),
+                                          ("--delay-samples", args.delay_samples))
+                 if value not in (None, 0.0)]
+        if given:
+            raise ConfigError(
+                f"{'/'.join(given)}: the {args.link} link does not apply "
+                f"{'them' if len(given) > 1 else 'it'} (only the emulated channel of the "
+                f"links {' and '.join(_EMULATED_IMPAIRMENT_LINKS)} adds a carrier offset and "
+                "a delay); use --link waveform or --link gnuradio, or leave "
+                f"{'them' if len(given) > 1 else 'it'} out"
+            )
 
 
 def _loopback_configs(
@@ -482,9 +498,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     lb.add_argument("--link", required=True, choices=("symbol", "waveform", "gnuradio", "usrp"))
     lb.add_argument("--snr-db", type=float, default=None,
                     help="symbol SNR (dB); default: sweep the hw config's snr_sweep_db")
-    lb.add_argument("--cfo-hz", type=float, default=0.0, help="carrier frequency offset (Hz)")
+    lb.add_argument("--cfo-hz", type=float, default=0.0,
+                    help="carrier frequency offset (Hz); links waveform and gnuradio only")
     lb.add_argument("--delay-samples", type=float, default=None,
-                    help="maximum random leading delay (samples)")
+                    help="maximum random leading delay (samples); links waveform and "
+                    "gnuradio only")
     lb.add_argument("--hw", default="sim", help="hardware config (default: sim)")
     lb.add_argument("--n-symbols", type=int, default=10920, help="payload symbols")
     lb.add_argument("--trials", type=int, default=1,

@@ -188,3 +188,25 @@ def test_loopback_applies_the_offset_where_it_can(capsys: pytest.CaptureFixture[
                  "2000", "--n-symbols", "2000", "--json"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["cfo_est_hz"] == pytest.approx(2000.0, abs=50.0)
+
+
+# -- 5. the privacy-curve figure says what its epsilon is ---------------------------------------
+
+
+def test_privacy_curve_figure_names_unit_delta_accountants_and_trust(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image
+
+    assert main(["privacy-curve", "--out", str(tmp_path), "--snr-min", "-60", "--snr-max",
+                 "-40", "--snr-step", "20", "--realizations", "2", "--rounds", "3",
+                 "--delta", "1e-6", "--trusted", "0.5", "--json"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["unit"] == "device" and out["accountings"] == ["paper", "strict"]
+    assert "fraction 0.5" in out["trust"]
+    with Image.open(tmp_path / "privacy_curve.png") as png:
+        title = png.text["Title"]
+    for fragment in ("Device-level epsilon", "K = 3 uploads", "delta = 1e-06", "paper",
+                     "strict", "not a DP bound", "trust: fraction 0.5",
+                     "no better than the aggregator's receiver"):
+        assert fragment in title, (fragment, title)

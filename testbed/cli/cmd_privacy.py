@@ -96,9 +96,11 @@ def register(sub: Any) -> None:
 
     c = sub.add_parser(
         "privacy-curve",
-        help="epsilon vs SNR, piggyback vs channel only (003 Fig. 2(b)/(c))",
+        help="device-level epsilon vs SNR, piggyback vs channel only (003 Fig. 2(b)/(c))",
         description=(
-            "Epsilon versus receive SNR for AWGN and Rayleigh block fading (mean and std over "
+            "Device-level epsilon (the unit: a device's whole update over K uploads, as 003's "
+            "figure; not the record unit a run enforces by default) versus receive SNR for "
+            "AWGN and Rayleigh block fading (mean and std over "
             "channel realizations), for channel only (no compression, no artificial noise), "
             "piggyback (sparsification + quantization) and piggyback without quantization, "
             "under both accountings. SNR is that of a unit-power complex stream at unit gain "
@@ -339,6 +341,8 @@ def _curve(args: argparse.Namespace) -> int:
     summary = {
         "csv": str(csv_path),
         "png": None if png_path is None else str(png_path),
+        "unit": "device", "accountings": ["paper", "strict"], "conversion": "standard",
+        "trust": _trust(args.trusted),
         "d": d, "l": l, "q": args.q, "sigma": args.sigma, "clip": args.clip,
         "rounds": args.rounds, "delta": args.delta, "trusted": args.trusted,
         "snr_db": [float(s) for s in snrs],
@@ -368,13 +372,48 @@ def _below(rows: list[dict[str, Any]], scheme: str) -> dict[str, bool]:
     return out
 
 
+def _trust(trusted: float) -> str:
+    """The trust assumption of the curve's channel credit, in words."""
+    if trusted == 0:
+        return "no channel noise credited (an eavesdropper with a noiseless channel)"
+    return (f"fraction {trusted:g} of the receiver's channel noise credited (an eavesdropper "
+            "no better than the aggregator's receiver)")
+
+
+def curve_title(args: argparse.Namespace, l: int) -> str:
+    """The privacy-curve figure's title: unit, delta, accountings and trust assumption.
+
+    Parameters
+    ----------
+    args
+        ``privacy-curve``'s arguments (``d``, ``q``, ``sigma``, ``clip``, ``rounds``,
+        ``delta``, ``trusted``).
+    l
+        Coordinates piggyback sends.
+
+    Returns
+    -------
+    str
+        Four lines.
+    """
+    return (
+        f"Device-level epsilon (unit: one device's whole update, K = {args.rounds} uploads), "
+        f"delta = {args.delta:g}\n"
+        "accountants: paper (003 Thm 1 corrected, RDP; not a DP bound; solid) and strict "
+        "(RDP; dashed), standard conversion\n"
+        f"trust: {_trust(args.trusted)}\n"
+        f"d = {args.d}, piggyback l = {l}, Q = {args.q}, sigma = {args.sigma:g}, "
+        f"Z = {args.clip:g} (coordinate clipping)"
+    )
+
+
 def _plot(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.2), sharey=True)
     styles = {"paper": "-", "strict": "--"}
     colors = {"channel-only": "tab:red", "piggyback": "tab:blue",
               "piggyback-no-quantization": "tab:green"}
@@ -400,9 +439,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> P
         ax.set_xlabel("receive SNR per symbol (dB)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel(f"epsilon (delta = {args.delta:g}, K = {args.rounds})")
+    l = max(1, round(0.1 * args.d)) if args.l is None else args.l
+    title = curve_title(args, l)
+    fig.suptitle(title, fontsize=9)
+    axes[0].set_ylabel(f"device-level epsilon (delta = {args.delta:g}, K = {args.rounds})")
     axes[1].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Title": title.replace("\n", " ")})
     plt.close(fig)
     return path

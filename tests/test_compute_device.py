@@ -211,8 +211,9 @@ def test_clipped_sums_on_cuda_match_the_cpu_and_stay_clipped(backend: str) -> No
     gpu = ClippedGradientSum(gpu_model, backend=backend,  # type: ignore[arg-type]
                              device=torch.device("cuda"))(x, y, 0.5)
     assert all(t.device.type == "cuda" for t in gpu)
+    # cuDNN convolutions may run in TF32 (PyTorch's default on CUDA): about 1e-5 here
     for a, b in zip(cpu, gpu, strict=True):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-4)
     # each example's own clipped gradient, on the GPU: norm below the clip
     single = ClippedGradientSum(gpu_model, backend=backend,  # type: ignore[arg-type]
                                 device=torch.device("cuda"))

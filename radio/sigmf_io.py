@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +87,7 @@ def write_recording(
         0,
         metadata={
             sigmf.FREQUENCY_KEY: float(center_freq_hz),
-            sigmf.DATETIME_KEY: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            sigmf.DATETIME_KEY: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         },
     )
     annotation: dict[str, object] = {

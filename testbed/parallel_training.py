@@ -57,6 +57,11 @@ class WorkerFailed(RuntimeError):
     """A worker process died or could not report (not an error of the training itself)."""
 
 
+class WorkerTraceback(Exception):
+    """The traceback of an error raised in a training worker (its text), attached as the
+    cause of the re-raised error where exceptions have no notes (Python 3.10)."""
+
+
 def _worker_main(
     conn: Connection,
     parent_pid: int,
@@ -224,7 +229,10 @@ class TrainingPool:
                 if msg[0] == "error":
                     exc = msg[2]
                     if msg[3] and isinstance(exc, BaseException):
-                        exc.add_note(f"in training worker:\n{msg[3]}")
+                        if hasattr(exc, "add_note"):  # Python >= 3.11
+                            exc.add_note(f"in training worker:\n{msg[3]}")
+                        else:  # 3.10 (a Jetson's): the worker's traceback as the cause
+                            raise exc from WorkerTraceback(msg[3])
                     raise exc
                 if want == len(tasks) - 1:  # every result is taken: nothing left running
                     self._busy, finished = False, True

@@ -163,7 +163,7 @@ def check_devices(devices: object) -> int:
 def _certificate_text(
     banner: str, public_z85: bytes, secret_z85: bytes | None, metadata: dict[str, str]
 ) -> bytes:
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     lines = [banner.format(now=now), "metadata\n"]
     lines += [f"    {key} = {value}\n" for key, value in metadata.items()]
     lines += ["curve\n", f'    public-key = "{public_z85.decode("ascii")}"\n']

@@ -56,7 +56,8 @@ def sparsify_mask(run_secret: str, device: int, round_index: int, d: int, l: int
          str(int(d)).encode(), str(int(l)).encode()]
     )
     digest = hmac.new(run_secret.encode("utf-8"), msg, hashlib.sha256).digest()
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int.from_bytes(digest))))
+    seed = int.from_bytes(digest, "big")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
     idx = rng.choice(d, size=l, replace=False, shuffle=False)
     return np.sort(idx.astype(np.int64))
 

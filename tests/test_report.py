@@ -198,6 +198,41 @@ def test_fedavg_report_loss_targets_and_no_privacy(runs: dict[str, Path],
     for name in ("accuracy_loss.png", "energy.png", "snr.png"):
         _assert_png(run / "report" / name)
     assert check_report(run) == []
+    # The settings say what was done: the config asks for sparsification and quantization,
+    # but fedavg sends every coordinate unquantized (the summary's per-device l and levels).
+    assert all(dev["l"] == summary["d"] and dev["levels"] is None
+               for dev in summary["privacy"]["devices"])
+    settings = {r[0]: r[1] for r in _table_rows(report, "setting")}
+    assert settings["sparsify (applied)"] == "no: every device sent all d coordinates (l = d)"
+    assert settings["coordinates sent l (largest over devices)"] == str(summary["d"])
+    assert settings["sparsify (config, not applied: scheme fedavg does not sparsify)"] == "yes"
+    assert settings["kept fraction theta_s (config, not applied: scheme fedavg does not "
+                    "sparsify)"] == "0.1"
+    assert settings["quantize (applied)"] == "no: no quantizer on any upload"
+    assert settings["quantization levels Q (config, not applied: scheme fedavg does not "
+                    "quantize)"] == "16"
+    assert "sparsify" not in settings and "kept fraction theta_s" not in settings
+
+
+def test_settings_show_the_compression_applied(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Where the uplinks sparsified and quantized, the settings say so with the summary's
+    l and Q (here written into a copy of the fedavg run's summary)."""
+    run = _fresh_copy(runs["fedavg"], tmp_path / "compressed")
+    summary = json.loads((run / "summary.json").read_text())
+    for dev in summary["privacy"]["devices"]:
+        dev["l"], dev["levels"] = 785 + dev["device"], 16
+    (run / "summary.json").write_text(json.dumps(summary))
+    report = write_report(run).read_text()
+    settings = {r[0]: r[1] for r in _table_rows(report, "setting")}
+    assert settings["sparsify (applied)"] == "yes" and settings["quantize (applied)"] == "yes"
+    assert settings["coordinates sent l (smallest over devices)"] == "785"
+    assert settings["quantization levels Q (largest over devices)"] == "16"
+    assert settings["kept fraction theta_s (config)"] == "0.1"
+    assert check_report(run) == []
+    # Without a summary (a killed run) the rows are the config's, marked as such.
+    (run / "summary.json").unlink()
+    report = write_report(run).read_text()
+    assert "| sparsify (configured; no summary says what was applied) | yes |" in report
 
 
 def test_killed_run_gives_a_partial_report(runs: dict[str, Path], tmp_path: Path) -> None:

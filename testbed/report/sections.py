@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.core.schemes import SCHEMES
 from testbed.report.load import CONFIG, LEDGER, META, METRICS, SUMMARY, RunData, as_float
 from testbed.report.tables import Cell, Key, Table, label, op_cell, value_cell
 
@@ -158,19 +159,100 @@ _PRIVACY_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+#: The config's compression rows, replaced by what was applied when the summary says it.
+_COMPRESSION_ROWS = {"sparsify": "sparsify", "kept fraction theta_s": "sparsify",
+                     "quantize": "quantize", "quantization levels Q": "quantize"}
+
+
+def _uplink_paths(run: RunData, key: str) -> list[tuple[Key, ...]] | None:
+    """Paths of ``key`` (``l``, ``levels``) in every device entry of the summary: the
+    uplinks the run resolved (scheme, config or plan), i.e. what it did; ``None`` when the
+    summary does not hold them (an older or a killed run)."""
+    devices = run.privacy.get("devices")
+    if run.summary is None or not isinstance(devices, list) or not devices:
+        return None
+    if not all(isinstance(e, dict) and key in e for e in devices):
+        return None
+    return [("privacy", "devices", j, key) for j in range(len(devices))]
+
+
+def _compression_rows(run: RunData) -> list[list[Cell]] | None:
+    """Sparsification and quantization as applied: from the summary's per-device ``l`` and
+    ``levels`` (the run's own decision), with the configured settings that were not
+    applied named as such; ``None`` when the summary does not say."""
+    l_paths, q_paths = _uplink_paths(run, "l"), _uplink_paths(run, "levels")
+    d_raw = run.summary.get("d") if run.summary is not None else None
+    d = as_float(d_raw)
+    if l_paths is None or q_paths is None or d is None:
+        return None
+    scheme = str(run.scheme)
+    spec = SCHEMES.get(scheme)
+    src_l = label(f"{SUMMARY}: privacy.devices[*].l, d")
+    src_q = label(f"{SUMMARY}: privacy.devices[*].levels")
+    rows: list[list[Cell]] = []
+    ls = [as_float(run.privacy["devices"][j]["l"]) for j in range(len(l_paths))]
+    if any(x is not None and x < d for x in ls):
+        rows.append([label("sparsify (applied)"), label("yes"), src_l])
+        rows.append([label("coordinates sent l (smallest over devices)"),
+                     op_cell("min", SUMMARY, l_paths, run.summary), src_l])
+        rows.append([label("kept fraction theta_s (config)"),
+                     value_cell(run.config, CONFIG, ("compression", "theta_s")),
+                     label(f"{CONFIG}: compression.theta_s")])
+    else:
+        rows.append([label("sparsify (applied)"),
+                     label("no: every device sent all d coordinates (l = d)"), src_l])
+        rows.append([label("coordinates sent l (largest over devices)"),
+                     op_cell("max", SUMMARY, l_paths, run.summary), src_l])
+        if run.setting("compression", "sparsify") is True:
+            why = (f"scheme {scheme} does not sparsify" if spec is not None
+                   and not spec.sparsify else "the run's uplinks keep l = d")
+            rows += _not_applied(run, why, ("sparsify", "sparsify"),
+                                 ("kept fraction theta_s", "theta_s"))
+    levels = [run.privacy["devices"][j]["levels"] for j in range(len(q_paths))]
+    if any(q is not None for q in levels):
+        rows.append([label("quantize (applied)"), label("yes"), src_q])
+        rows.append([label("quantization levels Q (largest over devices)"),
+                     op_cell("max", SUMMARY, q_paths, run.summary), src_q])
+    else:
+        rows.append([label("quantize (applied)"), label("no: no quantizer on any upload"),
+                     src_q])
+        if run.setting("compression", "quantize") is True:
+            why = (f"scheme {scheme} does not quantize" if spec is not None
+                   and not spec.quantize else "the run's uplinks use no quantizer")
+            rows += _not_applied(run, why, ("quantize", "quantize"),
+                                 ("quantization levels Q", "levels"))
+    return rows
+
+
+def _not_applied(run: RunData, why: str, *keys: tuple[str, str]) -> list[list[Cell]]:
+    """Rows of configured compression settings (``(name, compression key)``) the run did
+    not apply, each saying ``why``."""
+    return [[label(f"{name} (config, not applied: {why})"),
+             value_cell(run.config, CONFIG, ("compression", key)),
+             label(f"{CONFIG}: compression.{key}")] for name, key in keys]
+
+
 def settings_table(run: RunData) -> Table:
-    """The run's settings as its ``config.yaml`` holds them (and the link it used)."""
+    """The run's settings as its ``config.yaml`` holds them (and the link it used); the
+    compression as applied, from ``summary.json``, where it says."""
     t = Table("settings", ["setting", "value", "source"])
     rows = list(_SETTINGS) + (list(_PRIVACY_SETTINGS) if run.private else [])
     other_unit = {"record": "(device unit)", "device": "(record unit)"}.get(str(run.unit))
+    compression = _compression_rows(run)
     for name, path in rows:
         if other_unit is not None and name.endswith(other_unit):
             continue  # the setting does not apply to this run's unit
+        if name in _COMPRESSION_ROWS and compression is not None:
+            if name == "sparsify":
+                t.rows += compression
+            continue
         cell = value_cell(run.config, CONFIG, path)
         if cell.op is None:  # an older config without the key
             continue
         if name == "Rician K (dB)" and run.setting("fading") != "rician":
             continue
+        if name in _COMPRESSION_ROWS:
+            name += " (configured; no summary says what was applied)"
         t.rows.append([label(name), cell, label(f"{CONFIG}: {'.'.join(path)}")])
     if not run.private and run.config is not None:
         t.rows.append([label("privacy"), label("none (fedavg: no noise, no epsilon claimed)"),

@@ -204,7 +204,7 @@ def test_fedavg_report_loss_targets_and_no_privacy(runs: dict[str, Path],
                for dev in summary["privacy"]["devices"])
     settings = {r[0]: r[1] for r in _table_rows(report, "setting")}
     assert settings["sparsify (applied)"] == "no: every device sent all d coordinates (l = d)"
-    assert settings["coordinates sent l (largest over devices)"] == str(summary["d"])
+    assert settings["coordinates sent l (every device)"] == str(summary["d"])
     assert settings["sparsify (config, not applied: scheme fedavg does not sparsify)"] == "yes"
     assert settings["kept fraction theta_s (config, not applied: scheme fedavg does not "
                     "sparsify)"] == "0.1"
@@ -226,7 +226,7 @@ def test_settings_show_the_compression_applied(runs: dict[str, Path], tmp_path: 
     settings = {r[0]: r[1] for r in _table_rows(report, "setting")}
     assert settings["sparsify (applied)"] == "yes" and settings["quantize (applied)"] == "yes"
     assert settings["coordinates sent l (smallest over devices)"] == "785"
-    assert settings["quantization levels Q (largest over devices)"] == "16"
+    assert settings["quantization levels Q (every device)"] == "16"
     assert settings["kept fraction theta_s (config)"] == "0.1"
     assert check_report(run) == []
     # Without a summary (a killed run) the rows are the config's, marked as such.

@@ -193,16 +193,14 @@ def _compression_rows(run: RunData) -> list[list[Cell]] | None:
     ls = [as_float(run.privacy["devices"][j]["l"]) for j in range(len(l_paths))]
     if any(x is not None and x < d for x in ls):
         rows.append([label("sparsify (applied)"), label("yes"), src_l])
-        rows.append([label("coordinates sent l (smallest over devices)"),
-                     op_cell("min", SUMMARY, l_paths, run.summary), src_l])
+        rows.append(_per_device_row(run, "coordinates sent l", l_paths, ls, "min", src_l))
         rows.append([label("kept fraction theta_s (config)"),
                      value_cell(run.config, CONFIG, ("compression", "theta_s")),
                      label(f"{CONFIG}: compression.theta_s")])
     else:
         rows.append([label("sparsify (applied)"),
                      label("no: every device sent all d coordinates (l = d)"), src_l])
-        rows.append([label("coordinates sent l (largest over devices)"),
-                     op_cell("max", SUMMARY, l_paths, run.summary), src_l])
+        rows.append(_per_device_row(run, "coordinates sent l", l_paths, ls, "max", src_l))
         if run.setting("compression", "sparsify") is True:
             why = (f"scheme {scheme} does not sparsify" if spec is not None
                    and not spec.sparsify else "the run's uplinks keep l = d")
@@ -211,8 +209,8 @@ def _compression_rows(run: RunData) -> list[list[Cell]] | None:
     levels = [run.privacy["devices"][j]["levels"] for j in range(len(q_paths))]
     if any(q is not None for q in levels):
         rows.append([label("quantize (applied)"), label("yes"), src_q])
-        rows.append([label("quantization levels Q (largest over devices)"),
-                     op_cell("max", SUMMARY, q_paths, run.summary), src_q])
+        rows.append(_per_device_row(run, "quantization levels Q", q_paths, levels, "max",
+                                    src_q))
     else:
         rows.append([label("quantize (applied)"), label("no: no quantizer on any upload"),
                      src_q])
@@ -222,6 +220,20 @@ def _compression_rows(run: RunData) -> list[list[Cell]] | None:
             rows += _not_applied(run, why, ("quantize", "quantize"),
                                  ("quantization levels Q", "levels"))
     return rows
+
+
+def _per_device_row(
+    run: RunData, name: str, paths: list[tuple[Key, ...]], values: list[Any], op: str,
+    source: Cell,
+) -> list[Cell]:
+    """One row of a per-device uplink value: device 0's when every device has the same,
+    else ``op`` (``min``, ``max``) over the devices."""
+    if all(v == values[0] for v in values):
+        return [label(f"{name} (every device)"), value_cell(run.summary, SUMMARY, paths[0]),
+                source]
+    word = "smallest" if op == "min" else "largest"
+    return [label(f"{name} ({word} over devices)"), op_cell(op, SUMMARY, paths, run.summary),
+            source]
 
 
 def _not_applied(run: RunData, why: str, *keys: tuple[str, str]) -> list[list[Cell]]:

@@ -14,7 +14,8 @@ resume whose configuration differs, naming the key: an edited ``rounds`` or ``sc
 would otherwise continue the run under another schedule than the one its privacy record
 and its first rounds were made for. A run started before the pin existed has none in
 ``meta.json`` and is resumed as before (its ledger, if any, is ``ledger-header/v1`` and is
-refused by the ledger itself).
+refused by the ledger itself). A key that a later version added, at its default, is not a
+difference (:func:`_only_added_at_defaults`): a run survives the upgrade that added it.
 """
 
 from __future__ import annotations
@@ -71,15 +72,48 @@ def config_pin(cfg: BaseModel, hw: BaseModel) -> dict[str, Any]:
 
 
 def _pin_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str, Any, Any] | None:
-    """The first pinned key that differs: ``(file, key, old value, new value)``."""
+    """The first pinned key that differs: ``(file, key, old value, new value)``; a key
+    added since, at its default, is not a difference."""
+    defaults = _default_pin()
     for name in PINNED_FILES:
         was, now = old.get(name), new[name]
         if not isinstance(was, dict):
             return name, "(all keys)", was, "its current values"
         for key in sorted(set(was) | set(now)):
+            if key not in was and key in defaults[name] and now[key] == defaults[name][key]:
+                continue
             if was.get(key, "(absent)") != now.get(key, "(absent)"):
                 return name, key, was.get(key, "(absent)"), now.get(key, "(absent)")
     return None
+
+
+def _only_added_at_defaults(pin: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether ``now`` differs from ``pin`` only by keys a later version added, each at its
+    default (``compute.device``, ``usrp.fallback``, ...): every pinned key is present with
+    its pinned value, and the pin's own sha256 is that of ``now`` restricted to its keys (so
+    the pin is intact). Such a run is resumed: what it was started with is unchanged."""
+    defaults = _default_pin()
+    restricted: dict[str, Any] = {}
+    for name in PINNED_FILES:
+        was, cur = pin.get(name), now[name]
+        if not isinstance(was, dict) or set(was) - set(cur):
+            return False
+        if any(was[k] != cur[k] for k in was):
+            return False
+        for key in set(cur) - set(was):
+            if key not in defaults[name] or cur[key] != defaults[name][key]:
+                return False
+        restricted[name] = {k: cur[k] for k in was}
+    text = json.dumps(restricted, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest() == pin.get("config_sha256")
+
+
+def _default_pin() -> dict[str, Any]:
+    """:func:`config_pin` of the default experiment and hardware configs."""
+    from testbed.core.config.experiment import ExperimentConfig
+    from testbed.core.config.hardware import HardwareConfig
+
+    return config_pin(ExperimentConfig(), HardwareConfig())
 
 
 def _ledger_pin(rundir: RunDir) -> dict[str, Any] | None:
@@ -123,6 +157,8 @@ def check_config_pin(rundir: RunDir, cfg: BaseModel, hw: BaseModel) -> None:
     for where, pin in ((rundir.ledger_path.name, _ledger_pin(rundir)),
                        ("the run", _meta_pin(rundir))):
         if pin is None or pin.get("config_sha256") == now["config_sha256"]:
+            continue
+        if _only_added_at_defaults(pin, now):
             continue
         diff = _pin_difference(pin, now)
         if diff is None:

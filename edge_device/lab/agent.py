@@ -96,7 +96,10 @@ class EdgeAgent:
     state_dir
         Its own ledger and intents (one process per directory: locked).
     data_dir
-        Overrides the config's ``data_dir`` (the data as found on this host).
+        This device's own training data (``testbed edge --data-dir``): every training row in
+        it is the device's shard (:func:`testbed.core.run_setup.prepare_own_shard`), nothing
+        else is read; ``None``: the run's data set at its ``data_dir`` on this host and the
+        run's seeded shard of it.
     hw
         This host's hardware config (``None``: the run's).
     max_epsilon
@@ -190,12 +193,16 @@ class EdgeAgent:
         from testbed.core.links import link_name, waveform_params
         from testbed.core.models import n_params
         from testbed.core.radio_fallback import check_same_radios
-        from testbed.core.run_setup import device_settings, initial_model, prepare_data
+        from testbed.core.run_setup import (
+            device_settings,
+            initial_model,
+            prepare_data,
+            prepare_own_shard,
+        )
 
         cfg_path = self.state_dir / "config.yaml"
         atomic_write_bytes(cfg_path, msg["config_yaml"].encode())
-        overrides = [f"data_dir={self.data_dir}"] if self.data_dir is not None else []
-        cfg: ExperimentConfig = load_experiment(cfg_path, overrides)
+        cfg: ExperimentConfig = load_experiment(cfg_path)
         if self.device >= cfg.devices:
             raise EdgeError(f"--device-id {self.device}: the run has {cfg.devices} devices")
         try:  # before any work: where this edge trains
@@ -206,9 +213,18 @@ class EdgeAgent:
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
-        data, parts = prepare_data(cfg)
-        mine = parts[self.device]
-        sizes = [len(p) for p in parts]
+        if self.data_dir is not None:  # its own data: all of it is this device's shard
+            import numpy as np
+
+            data = prepare_own_shard(cfg, self.data_dir)
+            mine = np.arange(len(data.y_train))
+            # A device's settings depend on it only through its SNR and its sample count;
+            # the other entries are not used here (the aggregator has the true sizes).
+            sizes = [len(mine)] * cfg.devices
+        else:  # the whole data set on this host: the run's seeded shard of it
+            data, parts = prepare_data(cfg)
+            mine = parts[self.device]
+            sizes = [len(p) for p in parts]
         model = initial_model(cfg, data.x_train.shape[1:], compute.torch_device)
         self.d = n_params(model)
         uplinks, record = device_settings(cfg, hw, self.d, sizes)

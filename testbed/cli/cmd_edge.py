@@ -60,7 +60,11 @@ def register(sub: Any) -> None:
     add_fallback_option(p, "transmits on a virtual USRP with the hardware config's "
                         "parameters into the air of an aggregator started with --fallback "
                         "emulate")
-    p.add_argument("--data-dir", type=Path, help="where this host keeps the data set")
+    p.add_argument("--data-dir", type=Path, metavar="DIR",
+                   help="this device's own training data, and nothing else: every training "
+                   "row in DIR is its shard (IDX train-images/train-labels files for mnist "
+                   "and fashion-mnist, CIFAR-10 data_batch_* files); the run's partition is "
+                   "not used. Default: the run's data set on this host and its seeded shard")
     p.add_argument("--max-epsilon", type=_epsilon, help="this device's own epsilon target")
     p.add_argument("--keep-updates", action="store_true",
                    help="keep this device's model and noisy differential of every round it "

@@ -5,6 +5,7 @@ aggregator and every edge agent resolve the same values, so nothing of them trav
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,7 +14,7 @@ from testbed.core.channel_credit import calibration_config, credited_config
 from testbed.core.compute import resolve_device
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.data.datasets import Dataset, load_dataset
+from testbed.core.data.datasets import Dataset, load_dataset, load_test_set, load_train_shard
 from testbed.core.data.partition import iid_partition, noniid_partition
 from testbed.core.models import build_model
 from testbed.core.record_schemes import RecordSettings, resolve_record_uplinks
@@ -48,9 +49,28 @@ def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
     return data, parts
 
 
+def prepare_own_shard(cfg: ExperimentConfig, directory: Path) -> Dataset:
+    """One device's own training data, read from ``directory`` alone (``testbed edge
+    --data-dir``): every training row there is the device's shard; the run's partition,
+    ``train_samples`` and ``partition`` do not apply (nothing else is read).
+
+    Raises
+    ------
+    DatasetNotFoundError
+        ``directory`` or its training files are missing (named).
+    ValueError
+        The directory holds no training rows.
+    """
+    data = load_train_shard(cfg.dataset, directory)
+    if len(data.y_train) == 0:
+        raise ValueError(f"--data-dir '{directory}': no training rows in its files")
+    return data
+
+
 def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
-    """The test set only (capped as configured): what an aggregator evaluates on."""
-    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
+    """The test set only (capped as configured): what an aggregator evaluates on. Only the
+    test files are read: an aggregator host needs no training data."""
+    data = load_test_set(cfg.dataset, cfg.resolved_data_dir())
     x_test, y_test = data.x_test, data.y_test
     if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
         x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]

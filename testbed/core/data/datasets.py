@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.core.data.cifar import TEST_BATCH, TRAIN_BATCHES, read_cifar10
+from testbed.core.data.cifar import TEST_BATCH, TRAIN_BATCHES, read_cifar_batch
 from testbed.core.data.idx import read_idx
 
 #: IDX file stems; each may appear as ``stem``, ``stem.gz`` or with ``-idx`` written ``.idx``.
@@ -94,6 +94,40 @@ def load_dataset(name: str, data_dir: str | Path | None) -> Dataset:
         When the directory or a file is missing, naming every path tried and how to
         provide the data.
     """
+    return _load(name, data_dir, ("train", "test"))
+
+
+def load_test_set(name: str, data_dir: str | Path | None) -> Dataset:
+    """The test split only (``t10k-*`` IDX files, or CIFAR-10's ``test_batch``); the
+    training arrays are empty: what an aggregator evaluates on, on a host without training
+    data.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        As :func:`load_dataset`, for the test files.
+    """
+    return _load(name, data_dir, ("test",))
+
+
+def load_train_shard(name: str, data_dir: str | Path) -> Dataset:
+    """One device's own training data: the training files in ``data_dir`` and nothing else
+    (``train-images``/``train-labels`` IDX files holding its rows; for CIFAR-10, the
+    ``data_batch_*`` files present, at least one). The test arrays are empty. Normalised as
+    the whole data set is (:data:`NORMALISATION`), so a shard written from the full set
+    trains exactly as that device's part of it.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        The directory or its training files are missing.
+    """
+    return _load(name, data_dir, ("train",), shard=True)
+
+
+def _load(name: str, data_dir: str | Path | None, splits: tuple[str, ...], *,
+          shard: bool = False) -> Dataset:
+    """The splits of ``name`` in ``data_dir`` (the others empty)."""
     if name not in NORMALISATION:
         raise ValueError(f"dataset: got {name!r}; allowed: {sorted(NORMALISATION)}")
     if data_dir is None:
@@ -114,21 +148,43 @@ def load_dataset(name: str, data_dir: str | Path | None) -> Dataset:
     if name == "cifar10":
         folder = directory / "cifar-10-batches-py"
         folder = folder if folder.is_dir() else directory
-        missing = [n for n in (*TRAIN_BATCHES, TEST_BATCH) if not (folder / n).is_file()]
+        wanted = ([*TRAIN_BATCHES] if "train" in splits else []) + (
+            [TEST_BATCH] if "test" in splits else [])
+        present = [n for n in TRAIN_BATCHES if (folder / n).is_file()]
+        missing = [n for n in wanted if not (folder / n).is_file()]
+        if shard:  # a device's own batches: whichever it holds
+            missing = [] if present else ["data_batch_* (at least one)"]
         if missing:
             raise DatasetNotFoundError(
                 f"cifar10: missing {missing} in '{folder}'. Provide the CIFAR-10 python "
                 "batches (cifar-10-batches-py: data_batch_1..5, test_batch) and set data_dir."
             )
-        x_train, y_train, x_test, y_test = read_cifar10(folder)
+        arrays = {}
+        if "train" in splits:
+            parts = [read_cifar_batch(folder / n) for n in (present if shard else TRAIN_BATCHES)]
+            arrays["x_train"] = np.concatenate([x for x, _ in parts])
+            arrays["y_train"] = np.concatenate([y for _, y in parts])
+        if "test" in splits:
+            arrays["x_test"], arrays["y_test"] = read_cifar_batch(folder / TEST_BATCH)
     else:
-        arrays = {k: read_idx(_find_idx(directory, s, name)) for k, s in IDX_STEMS.items()}
-        x_train = arrays["x_train"][:, None, :, :]
-        x_test = arrays["x_test"][:, None, :, :]
-        y_train = arrays["y_train"].astype(np.int64)
-        y_test = arrays["y_test"].astype(np.int64)
-        if x_train.shape[0] != y_train.shape[0] or x_test.shape[0] != y_test.shape[0]:
+        keys = [k for k in IDX_STEMS if k.split("_")[1] in splits]
+        arrays = {k: read_idx(_find_idx(directory, IDX_STEMS[k], name)) for k in keys}
+        for k in ("x_train", "x_test"):
+            if k in arrays:
+                arrays[k] = arrays[k][:, None, :, :]
+    for split in ("train", "test"):
+        x, y = arrays.get(f"x_{split}"), arrays.get(f"y_{split}")
+        if x is None or y is None:
+            continue
+        if x.shape[0] != y.shape[0]:
             raise ValueError(f"{name}: image and label counts differ in '{directory}'")
+        arrays[f"y_{split}"] = y.astype(np.int64)
+    shape = next(arrays[k].shape[1:] for k in ("x_train", "x_test") if k in arrays)
+    for split in ("train", "test"):  # the splits not read: empty, of the same shape
+        arrays.setdefault(f"x_{split}", np.zeros((0, *shape), dtype=np.uint8))
+        arrays.setdefault(f"y_{split}", np.zeros(0, dtype=np.int64))
+    x_train, y_train = arrays["x_train"], arrays["y_train"]
+    x_test, y_test = arrays["x_test"], arrays["y_test"]
     return Dataset(
         name=name,
         x_train=_normalise(x_train, name),

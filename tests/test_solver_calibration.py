@@ -330,11 +330,14 @@ def test_device_calibration_end_to_end(
                "0.5", "--levels", "16", "--sigmas", "0", "0.05", "--runs-dir",
                str(tmp_path / "runs"), "--out", str(out), "--max-error", "1e9", "--json"])
     result = json.loads(capsys.readouterr().out)
-    # Real pilots are random (CSPRNG noise): the fit may leave a constant at 0, which is
-    # refused; otherwise it is written.
+    # Real pilots are random (CSPRNG noise): the fit may leave a constant at 0, or (the
+    # target being the noisiest pilot's final loss) every pilot may reach it at its first
+    # round and none enter the fit; either is refused, naming why. Otherwise it is written.
     assert rc in (0, 3) and out.exists() == (rc == 0)
     if rc == 3:
-        assert result["refused"] and all("not identified" in r for r in result["refused"])
+        assert result["refused"] and all(
+            "not identified" in r or "reached the target" in r for r in result["refused"]
+        ), result["refused"]
     assert result["model"] == "paper-25" and result["unit"] == "device"
     assert len(result["runs"]) == 4
     for row in result["runs"]:

@@ -79,7 +79,8 @@ class RunState:
         torch.set_num_threads(cfg.torch_threads)
         limit_blas_threads(cfg.torch_threads)
         self.data = test_data
-        self.model = initial_model(cfg, self.data.x_test.shape[1:])
+        self.model = initial_model(cfg, self.data.x_test.shape[1:],
+                                   n_classes=self.data.n_classes)
         self.d = n_params(self.model)
         self.unit = None if cfg.scheme == "fedavg" else cfg.privacy.unit
         #: ``{}``, or the summary's note on a delta >= 1/min D_i allowed by the config

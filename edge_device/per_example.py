@@ -81,6 +81,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+# re-exported (explicit alias): checked here and when the run's model is built
+from testbed.core.models import check_record_level_model as check_record_level_model
+
 Backend = Literal["auto", "layers", "vmap"]
 BACKENDS: tuple[str, ...] = ("auto", "layers", "vmap")
 
@@ -93,34 +96,6 @@ CLIP_SHRINK = 2.0**-20
 _BLOCK = 8
 #: The norm per-example gradients are clipped in.
 Norm = Literal[1, 2]
-
-_BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
-def check_record_level_model(model: nn.Module) -> None:
-    """Refuse models whose per-example gradients are undefined or not trainable.
-
-    Raises
-    ------
-    ValueError
-        If the model contains a batch-normalisation layer, has a frozen parameter, or has
-        no parameters.
-    """
-    for name, module in model.named_modules():
-        if isinstance(module, _BATCHNORM):
-            raise ValueError(
-                f"record-level privacy: module {name or '<root>'!r} is "
-                f"{type(module).__name__}; batch normalisation mixes the examples of a batch, "
-                "so per-example gradients (and a per-record sensitivity) are undefined. "
-                "Use GroupNorm or LayerNorm, or no normalisation."
-            )
-    params = list(model.parameters())
-    if not params:
-        raise ValueError("record-level privacy: the model has no parameters")
-    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-    if frozen:
-        raise ValueError(f"record-level privacy: frozen parameters {frozen} are not supported")
-
 
 def _layers_supported(model: nn.Module) -> bool:
     owned = [id(p) for m in model.modules() for p in m.parameters(recurse=False)]

@@ -225,7 +225,8 @@ class EdgeAgent:
             data, parts = prepare_data(cfg)
             mine = parts[self.device]
             sizes = [len(p) for p in parts]
-        model = initial_model(cfg, data.x_train.shape[1:], compute.torch_device)
+        model = initial_model(cfg, data.x_train.shape[1:], compute.torch_device,
+                              n_classes=data.n_classes)
         self.d = n_params(model)
         uplinks, record = device_settings(cfg, hw, self.d, sizes)
         self.uplink, self.record = uplinks[self.device], record[self.device]

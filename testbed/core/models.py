@@ -7,13 +7,19 @@
   paper gives no widths, we use 32-64-64 channels (padding 1, max-pool 2 after each) and
   FC 1024->64->10: 122,570 parameters.
 * ``logreg``: multinomial logistic regression on the flattened image (the peer papers').
+* ``package.module:factory``: a lab's own model, ``factory(input_shape, n_classes)``
+  (:mod:`testbed.core.extensions`, docs/extensions.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import nn
+
+from testbed.core.extensions import build_user_model, is_import_string
 
 
 class MnistCnn(nn.Module):
@@ -71,36 +77,90 @@ class LogReg(nn.Module):
         return self.linear(x.flatten(1))
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], seed: int) -> nn.Module:
+def build_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    seed: int,
+    n_classes: int = 10,
+    extensions_path: Sequence[str] = (),
+) -> nn.Module:
     """Instantiate a model with weights drawn from ``seed``.
 
     Parameters
     ----------
     name
-        ``mnist-cnn``, ``cifar-cnn`` or ``logreg``.
+        ``mnist-cnn``, ``cifar-cnn``, ``logreg`` or an import string
+        ``package.module:factory`` (called as ``factory(input_shape, n_classes)``).
     input_shape
-        ``(channels, height, width)`` of one sample.
+        One sample's shape, e.g. ``(channels, height, width)``.
     seed
-        Seed of the initial weights (the experiment's model-init stream).
+        Seed of the initial weights (the experiment's model-init stream): torch's RNG is
+        seeded with it while the model is built, and restored afterwards.
+    n_classes
+        Number of labels K (logits per sample); the two CNNs have 10.
+    extensions_path
+        Directories searched first for an import string's module.
+
+    Raises
+    ------
+    ValueError
+        An unknown name, a sample shape or label count the built-in model does not take.
+    testbed.core.extensions.ExtensionError
+        An import string that does not import, or whose factory fails or returns no
+        ``torch.nn.Module``.
     """
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        if name == "mnist-cnn":
+        if is_import_string(name):
+            model: nn.Module = build_user_model(name, input_shape, n_classes, extensions_path)
+        elif name == "mnist-cnn":
             if input_shape != (1, 28, 28):
                 raise ValueError(f"model 'mnist-cnn' takes (1, 28, 28) inputs, got {input_shape}")
-            model: nn.Module = MnistCnn()
+            model = MnistCnn()
         elif name == "cifar-cnn":
             if input_shape != (3, 32, 32):
                 raise ValueError(f"model 'cifar-cnn' takes (3, 32, 32) inputs, got {input_shape}")
             model = CifarCnn()
         elif name == "logreg":
-            model = LogReg(int(np.prod(input_shape)))
+            model = LogReg(int(np.prod(input_shape)), n_classes)
         else:
             raise ValueError(f"model: got {name!r}; allowed: 'mnist-cnn', 'cifar-cnn', 'logreg'")
+        if name in ("mnist-cnn", "cifar-cnn") and n_classes > 10:
+            raise ValueError(f"model {name!r} has 10 outputs; the data set has {n_classes} labels")
     finally:
         torch.random.set_rng_state(gen_state)
     return model
+
+
+#: Layers whose output mixes the examples of a batch.
+_BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def check_record_level_model(model: nn.Module) -> None:
+    """Refuse models whose per-example gradients are undefined or not trainable (what
+    record-level privacy needs; checked when the run's model is built, before any work).
+
+    Raises
+    ------
+    ValueError
+        If the model contains a batch-normalisation layer (named), has a frozen parameter,
+        or has no parameters.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, _BATCHNORM):
+            raise ValueError(
+                f"record-level privacy: module {name or '<root>'!r} is "
+                f"{type(module).__name__}; batch normalisation mixes the examples of a batch, "
+                "so per-example gradients (and a per-record sensitivity) are undefined. "
+                "Use GroupNorm or LayerNorm, or no normalisation."
+            )
+    params = list(model.parameters())
+    if not params:
+        raise ValueError("record-level privacy: the model has no parameters")
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise ValueError(f"record-level privacy: frozen parameters {frozen} are not supported")
 
 
 def n_params(model: nn.Module) -> int:

@@ -16,6 +16,7 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.link import link_name
 from testbed.core.config.loader import dump_yaml
+from testbed.core.extensions import extension_facts
 from testbed.core.radio_fallback import emulation_facts
 from testbed.core.recovery import config_pin
 from testbed.core.rundir import RunDir
@@ -37,8 +38,14 @@ def write_metadata(
     ``compute``: ``cfg.compute.device`` as resolved by the caller; ``None``: resolved here
     (:func:`testbed.core.compute.resolve_device`, which refuses a CUDA device torch does not
     see, before any file is written).
+
+    A model or data set by import string is imported here (an
+    :class:`~testbed.core.extensions.ExtensionError` if it does not import) and recorded
+    under ``extensions``: the string, the module's file, its package's version and the
+    file's sha256.
     """
     compute = compute if compute is not None else resolve_device(cfg.compute.device)
+    extensions = extension_facts(cfg.model, cfg.dataset, cfg.extensions_path)
     rundir.write_text("config.yaml", dump_yaml(cfg))
     rundir.write_text("hw_config.yaml", dump_yaml(hw))
     rundir.write_text("run_secret", new_run_secret() + "\n", mode=0o600)
@@ -70,6 +77,8 @@ def write_metadata(
         # where this process trains and evaluates (a lab's edges resolve their own)
         "compute": compute.metadata(),
     }
+    if extensions:  # only for import strings
+        meta["extensions"] = extensions
     radios = emulation_facts(hw)
     if radios is not None:  # loud: a run on emulated radios says so first
         meta = {"radios": radios, **meta}

@@ -16,15 +16,29 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.data.datasets import Dataset, load_dataset, load_test_set, load_train_shard
 from testbed.core.data.partition import iid_partition, noniid_partition
-from testbed.core.models import build_model
+from testbed.core.extensions import is_import_string, load_user_dataset
+from testbed.core.models import build_model, check_record_level_model
 from testbed.core.record_schemes import RecordSettings, resolve_record_uplinks
 from testbed.core.schemes import DeviceUplink, resolve_uplinks
 from testbed.core.seeding import Stream, experiment_generator
 
 
+def _user_data(cfg: ExperimentConfig, data_dir: str | Path | None) -> Dataset:
+    """Both splits of an import-string data set: its loader called with ``data_dir``."""
+    return load_user_dataset(cfg.dataset, None if data_dir is None else str(data_dir),
+                             cfg.extensions_path)
+
+
 def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
-    """Load the data set (capped as configured) and split it across devices."""
-    data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
+    """Load the data set (capped as configured) and split it across devices.
+
+    A data set by import string (``package.module:loader``) is its loader's arrays,
+    partitioned and capped as the built-in ones are.
+    """
+    if is_import_string(cfg.dataset):
+        data = _user_data(cfg, cfg.data_dir)
+    else:
+        data = load_dataset(cfg.dataset, cfg.resolved_data_dir())
     split_rng = experiment_generator(cfg.seed, Stream.DATA_SPLIT)
     x_train, y_train = data.x_train, data.y_train
     if cfg.train_samples is not None and cfg.train_samples < len(y_train):
@@ -52,7 +66,8 @@ def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
 def prepare_own_shard(cfg: ExperimentConfig, directory: Path) -> Dataset:
     """One device's own training data, read from ``directory`` alone (``testbed edge
     --data-dir``): every training row there is the device's shard; the run's partition,
-    ``train_samples`` and ``partition`` do not apply (nothing else is read).
+    ``train_samples`` and ``partition`` do not apply (nothing else is read). A data set by
+    import string: its loader called with ``directory``, its training split the shard.
 
     Raises
     ------
@@ -61,7 +76,13 @@ def prepare_own_shard(cfg: ExperimentConfig, directory: Path) -> Dataset:
     ValueError
         The directory holds no training rows.
     """
-    data = load_train_shard(cfg.dataset, directory)
+    if is_import_string(cfg.dataset):
+        full = _user_data(cfg, directory)
+        empty_x = np.zeros((0, *full.x_train.shape[1:]), dtype=full.x_train.dtype)
+        data = Dataset(full.name, full.x_train, full.y_train, empty_x, np.zeros(0, np.int64),
+                       full.n_classes)
+    else:
+        data = load_train_shard(cfg.dataset, directory)
     if len(data.y_train) == 0:
         raise ValueError(f"--data-dir '{directory}': no training rows in its files")
     return data
@@ -69,8 +90,13 @@ def prepare_own_shard(cfg: ExperimentConfig, directory: Path) -> Dataset:
 
 def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
     """The test set only (capped as configured): what an aggregator evaluates on. Only the
-    test files are read: an aggregator host needs no training data."""
-    data = load_test_set(cfg.dataset, cfg.resolved_data_dir())
+    test files are read: an aggregator host needs no training data. A data set by import
+    string: its loader is called and its test split kept (``n_classes`` counts the labels
+    of both splits, as on the edges)."""
+    if is_import_string(cfg.dataset):
+        data = _user_data(cfg, cfg.data_dir)
+    else:
+        data = load_test_set(cfg.dataset, cfg.resolved_data_dir())
     x_test, y_test = data.x_test, data.y_test
     if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
         x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
@@ -79,7 +105,10 @@ def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
 
 
 def initial_model(
-    cfg: ExperimentConfig, input_shape: tuple[int, ...], device: torch.device | None = None
+    cfg: ExperimentConfig,
+    input_shape: tuple[int, ...],
+    device: torch.device | None = None,
+    n_classes: int = 10,
 ) -> torch.nn.Module:
     """The run's model at its seeded initial weights (the same on the aggregator and on
     every edge), on the device it computes on.
@@ -95,12 +124,25 @@ def initial_model(
         resolved on this host (:func:`testbed.core.compute.resolve_device`, which refuses a
         CUDA device torch does not see). The weights are drawn on the CPU and then moved, so
         they are the same on every device.
+    n_classes
+        Number of labels K (the data set's ``n_classes``).
+
+    Raises
+    ------
+    ValueError
+        Under record-level privacy, a model per-example clipping cannot handle
+        (:func:`testbed.core.models.check_record_level_model`: batch normalisation, named),
+        before any work; a model that does not take the data's shape.
+    testbed.core.extensions.ExtensionError
+        A model by import string that does not import or build.
     """
     if device is None:
         device = resolve_device(cfg.compute.device).torch_device
     init_seed = int(experiment_generator(cfg.seed, Stream.MODEL_INIT).integers(2**31))
     shape = tuple(int(x) for x in input_shape)
-    model = build_model(cfg.model, shape, init_seed)  # type: ignore[arg-type]
+    model = build_model(cfg.model, shape, init_seed, n_classes, cfg.extensions_path)
+    if cfg.scheme != "fedavg" and cfg.privacy.unit == "record":
+        check_record_level_model(model)
     return model.to(device)
 
 

@@ -282,6 +282,12 @@ def settings_table(run: RunData) -> Table:
             if cell.op is not None and cell.text not in ("", "''"):
                 t.rows.append([label(what), cell,
                                label(f"{SUMMARY}: privacy.channel_noise.{key}")])
+    for kind in ("model", "dataset"):  # a lab's own model or data set, by import string
+        for key in ("import", "file", "version", "sha256"):
+            cell = value_cell(run.meta, META, ("extensions", kind, key))
+            if cell.op is not None:
+                t.rows.append([label(f"{kind} extension {key}"), cell,
+                               label(f"{META}: extensions.{kind}.{key}")])
     for key, what in (("name", "hardware config"), ("symbol_rate_hz", "symbol rate (Hz)"),
                       ("tx_power_ref_w", "reference transmit power (W)")):
         cell = value_cell(run.hw_config, "hw_config.yaml", (key,))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -37,6 +38,7 @@ from testbed.core.config.sections import (
     PrivacyConfig,
     _Strict,
 )
+from testbed.core.extensions import check_import_syntax, is_import_string
 
 SCHEMES = (
     "fedavg",
@@ -119,13 +121,34 @@ class ExperimentConfig(_Strict):
     local_steps: int = Field(20, ge=1, le=1_000_000, description="H, local SGD steps per round")
     batch_size: int = Field(32, ge=1, le=1_000_000)
     lr: float = Field(0.05, gt=0, le=100)
-    dataset: Literal["fashion-mnist", "mnist", "cifar10"] = "fashion-mnist"
+    dataset: str = Field(
+        "fashion-mnist",
+        description=(
+            "fashion-mnist | mnist | cifar10, or an import string 'package.module:loader' "
+            "(a lab's own data, docs/extensions.md)"
+        ),
+    )
     data_dir: str | None = Field(None, description="directory with the data set files")
     partition: Literal["iid", "noniid"] = "noniid"
     dominant_fraction: float = Field(
         0.75, gt=0, le=1, description="non-IID: fraction of a device's samples from its label"
     )
-    model: Literal["mnist-cnn", "cifar-cnn", "logreg"] = "mnist-cnn"
+    model: str = Field(
+        "mnist-cnn",
+        description=(
+            "mnist-cnn | cifar-cnn | logreg, or an import string 'package.module:factory' "
+            "(a lab's own model, docs/extensions.md)"
+        ),
+    )
+    extensions_path: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "directories put first on sys.path before the model and dataset import strings "
+            "are imported; relative ones are taken from the current directory and stored "
+            "absolute (docs/extensions.md)"
+        ),
+    )
     scheme: Literal[
         "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression",
         "dp-pasgd", "fedsgd-dpc", "zcdp-secagg",
@@ -277,6 +300,30 @@ class ExperimentConfig(_Strict):
             )
         return v
 
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset_value(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_import_syntax("dataset", v, DATASETS)
+        return v
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_value(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_import_syntax("model", v, MODELS)
+        return v
+
+    @field_validator("extensions_path")
+    @classmethod
+    def _absolute_paths(cls, v: list[str]) -> list[str]:
+        out = []
+        for p in v:
+            if not p:
+                raise ValueError("allowed: directory paths (an empty string is not one)")
+            out.append(str(Path(p).expanduser().absolute()))
+        return out
+
     @field_validator("snr_db", mode="before")
     @classmethod
     def _snr_values(cls, v: Any) -> Any:
@@ -412,7 +459,9 @@ class ExperimentConfig(_Strict):
                 f"clip.mode: 'none' is not allowed with scheme '{self.scheme}' "
                 "(DP needs bounded sensitivity); use 'coordinate' or 'norm'"
             )
-        if self.model == "cifar-cnn" and self.dataset != "cifar10":
+        # a data set by import string: its sample shape is checked when the model is built
+        if (self.model == "cifar-cnn" and self.dataset != "cifar10"
+                and not is_import_string(self.dataset)):
             raise ValueError("model: 'cifar-cnn' needs dataset 'cifar10'")
         if self.model == "mnist-cnn" and self.dataset == "cifar10":
             raise ValueError("model: 'mnist-cnn' takes 28x28x1 images; use 'cifar-cnn'")
@@ -434,4 +483,6 @@ class ExperimentConfig(_Strict):
 
     def resolved_data_dir(self) -> str | None:
         """The data directory: the configured one, else the data set's default."""
-        return self.data_dir if self.data_dir is not None else DEFAULT_DATA_DIRS[self.dataset]
+        if self.data_dir is not None:
+            return self.data_dir
+        return DEFAULT_DATA_DIRS.get(self.dataset)  # None for an import string

@@ -36,16 +36,19 @@ class DatasetNotFoundError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Dataset:
-    """A normalised image classification data set.
+    """A classification data set.
 
     Attributes
     ----------
     x_train, x_test
-        ``float32``, shape ``(n, channels, height, width)``, normalised per channel.
+        ``float32``, shape ``(n, ...)``: ``(n, channels, height, width)`` normalised per
+        channel for the shipped image sets; any sample shape, as its loader returned it,
+        for a data set by import string (:mod:`testbed.core.extensions`).
     y_train, y_test
         ``int64``, shape ``(n,)``.
     n_classes
-        Number of labels (10 for all shipped data sets).
+        Number of labels (10 for all shipped data sets; the largest label + 1 for one by
+        import string).
     """
 
     name: str

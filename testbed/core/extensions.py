@@ -1,0 +1,297 @@
+"""A lab's own model and data set, named in the config by an import string.
+
+``model: package.module:factory`` and ``dataset: package.module:loader`` (besides the
+built-in names) are imported where the model is built and the data loaded, in every process
+of a run: ``testbed run``, the aggregator and each edge of ``testbed launch``, every sweep
+cell. The signatures (docs/extensions.md):
+
+* ``factory(input_shape: tuple[int, ...], n_classes: int) -> torch.nn.Module``, called with
+  torch's RNG seeded from the run's MODEL_INIT stream (every process builds the same
+  initial weights);
+* ``loader(data_dir: str | None) -> (x_train, y_train, x_test, y_test)``: numpy arrays, the
+  samples of any shape ``(n, ...)`` (float or integer), integer labels ``0..K-1``.
+
+Where the module is looked for: ``sys.path`` of the process, with ``extensions_path``'s
+directories put first. ``python -m testbed ...`` has its current directory on ``sys.path``,
+so a module under the directory a command runs from imports (``testbed launch`` and sweep
+cells start their processes from that same directory); an edge on another host needs the
+module installed there or on its own path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.core.data.datasets import Dataset
+
+#: ``package.module:attribute``: dotted Python identifiers on both sides of one ``:``.
+IMPORT_PATTERN = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+    r"(\.[A-Za-z_][A-Za-z0-9_]*)*"
+)
+
+#: How each key's import string is called, for error messages.
+SIGNATURES = {
+    "model": "factory(input_shape: tuple[int, ...], n_classes: int) -> torch.nn.Module",
+    "dataset": (
+        "loader(data_dir: str | None) -> (x_train, y_train, x_test, y_test) numpy arrays"
+    ),
+}
+
+
+class ExtensionError(ValueError):
+    """An import string that cannot be imported, or whose object misbehaves; the message
+    names the config key, the string and what went wrong."""
+
+
+def is_import_string(value: str) -> bool:
+    """Whether a ``model`` / ``dataset`` value is an import string (it holds a ``:``)."""
+    return ":" in value
+
+
+def check_import_syntax(key: str, value: str, builtins: Sequence[str]) -> None:
+    """Refuse a value that is neither a built-in name nor ``package.module:attr``.
+
+    Raises
+    ------
+    ValueError
+        Saying what is allowed (pydantic prefixes the key and the value).
+    """
+    if value in builtins or IMPORT_PATTERN.fullmatch(value):
+        return
+    what = "factory" if key == "model" else "loader"
+    raise ValueError(
+        f"allowed: one of {', '.join(repr(b) for b in builtins)}, or an import string "
+        f"'package.module:{what}' (dotted Python names, one ':'), e.g. "
+        f"'examples.iq_modulation:{key if key == 'model' else 'loader'}'"
+    )
+
+
+def add_search_path(paths: Sequence[str]) -> None:
+    """Put ``paths`` (``extensions_path``) first on ``sys.path``, each once, in order."""
+    for p in reversed([str(x) for x in paths]):
+        if p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
+
+
+def resolve(key: str, spec: str, paths: Sequence[str] = ()) -> Any:
+    """The object ``spec`` (``package.module:attr``) names, imported.
+
+    Raises
+    ------
+    ExtensionError
+        The module does not import, or has no such attribute (named, with the rule for
+        where modules are looked for).
+    """
+    module_name, _, attr = spec.partition(":")
+    add_search_path(paths)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's module is reported
+        top = sys.modules.get(module_name.split(".")[0])
+        found = getattr(top, "__file__", None) or list(getattr(top, "__path__", []))
+        shadow = (f" (package {module_name.split('.')[0]!r} was found at {found}: another "
+                  "package of that name may shadow yours)" if top is not None and found else "")
+        raise ExtensionError(
+            f"{key}: {spec!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}){shadow}. Every process of a run imports it: run the "
+            "command from the directory that holds the package, list that directory in "
+            "extensions_path, or install the package (on every edge host too)"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ExtensionError(
+                f"{key}: {spec!r}: module {module_name!r} ({getattr(module, '__file__', '?')})"
+                f" has no attribute {attr!r}"
+            ) from None
+    if not callable(obj):
+        raise ExtensionError(
+            f"{key}: {spec!r} is a {type(obj).__name__}, not callable; expected "
+            f"{SIGNATURES[key]}"
+        )
+    return obj
+
+
+def build_user_model(spec: str, input_shape: tuple[int, ...], n_classes: int,
+                     paths: Sequence[str] = ()) -> Any:
+    """Call the factory ``spec`` names (torch's RNG already seeded by the caller).
+
+    Parameters
+    ----------
+    spec
+        ``package.module:factory``.
+    input_shape
+        One sample's shape, e.g. ``(2, 64)``.
+    n_classes
+        Number of labels K (logits per sample).
+    paths
+        ``extensions_path``.
+
+    Returns
+    -------
+    torch.nn.Module
+        The model.
+
+    Raises
+    ------
+    ExtensionError
+        Import failure, a factory that raises, or one that does not return a
+        ``torch.nn.Module``.
+    """
+    from torch import nn
+
+    factory: Callable[..., Any] = resolve("model", spec, paths)
+    try:
+        model = factory(tuple(int(x) for x in input_shape), int(n_classes))
+    except Exception as exc:  # noqa: BLE001
+        raise ExtensionError(
+            f"model: {spec!r}: the factory raised {type(exc).__name__}: {exc} (called as "
+            f"{SIGNATURES['model']} with input_shape={tuple(input_shape)}, "
+            f"n_classes={n_classes})"
+        ) from exc
+    if not isinstance(model, nn.Module):
+        raise ExtensionError(
+            f"model: {spec!r}: the factory returned a {type(model).__name__}, not a "
+            f"torch.nn.Module; expected {SIGNATURES['model']}"
+        )
+    return model
+
+
+def _check_split(spec: str, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(x float32, y int64)`` of one split, checked."""
+    where = f"dataset: {spec!r}: {split} split:"
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+        raise ExtensionError(
+            f"{where} x_{split} and y_{split} must be numpy arrays, got "
+            f"{type(x).__name__} and {type(y).__name__}"
+        )
+    if x.ndim < 2:
+        raise ExtensionError(
+            f"{where} x_{split} has shape {x.shape}; expected (n_samples, ...) with at least "
+            "one sample dimension"
+        )
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise ExtensionError(f"{where} x_{split} has dtype {x.dtype}; allowed: float or integer")
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise ExtensionError(
+            f"{where} y_{split} has shape {y.shape} and dtype {y.dtype}; expected integer "
+            "labels of shape (n_samples,)"
+        )
+    if len(x) != len(y):
+        raise ExtensionError(f"{where} {len(x)} samples but {len(y)} labels")
+    if len(y) == 0:
+        raise ExtensionError(f"{where} no samples")
+    if y.min() < 0:
+        raise ExtensionError(f"{where} label {int(y.min())} < 0; labels are 0..K-1")
+    xf = x.astype(np.float32)
+    if not np.isfinite(xf).all():
+        raise ExtensionError(f"{where} x_{split} holds non-finite values (nan or inf)")
+    return xf, y.astype(np.int64)
+
+
+def load_user_dataset(spec: str, data_dir: str | None,
+                      paths: Sequence[str] = ()) -> Dataset:
+    """Call the loader ``spec`` names and check what it returns.
+
+    Parameters
+    ----------
+    spec
+        ``package.module:loader``.
+    data_dir
+        Passed to the loader as it is (``data_dir`` of the config, or an edge's
+        ``--data-dir``); ``None`` when not set.
+    paths
+        ``extensions_path``.
+
+    Returns
+    -------
+    testbed.core.data.datasets.Dataset
+        ``x`` as ``float32`` ``(n, ...)`` (as returned, not normalised), ``y`` ``int64``
+        ``(n,)``, ``n_classes`` = the largest label over both splits + 1.
+
+    Raises
+    ------
+    ExtensionError
+        Import failure, a loader that raises, or arrays of the wrong kind, shape or labels.
+    """
+    loader: Callable[..., Any] = resolve("dataset", spec, paths)
+    try:
+        out = loader(data_dir)
+    except Exception as exc:  # noqa: BLE001
+        raise ExtensionError(
+            f"dataset: {spec!r}: the loader raised {type(exc).__name__}: {exc} (called as "
+            f"{SIGNATURES['dataset']} with data_dir={data_dir!r})"
+        ) from exc
+    if not isinstance(out, tuple | list) or len(out) != 4:
+        raise ExtensionError(
+            f"dataset: {spec!r}: the loader returned a {type(out).__name__}; expected a tuple "
+            "(x_train, y_train, x_test, y_test) of numpy arrays"
+        )
+    x_train, y_train = _check_split(spec, "train", out[0], out[1])
+    x_test, y_test = _check_split(spec, "test", out[2], out[3])
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ExtensionError(
+            f"dataset: {spec!r}: sample shapes differ: train {x_train.shape[1:]}, test "
+            f"{x_test.shape[1:]}"
+        )
+    n_classes = int(max(y_train.max(), y_test.max())) + 1
+    return Dataset(spec, x_train, y_train, x_test, y_test, n_classes)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _version(module_name: str) -> str | None:
+    """The top package's ``__version__``, else its installed distribution's version."""
+    top = module_name.split(".")[0]
+    version = getattr(sys.modules.get(top), "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version(top)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def extension_facts(model: str, dataset: str, paths: Sequence[str] = ()) -> dict[str, Any]:
+    """What ``meta.json`` records of the import strings among ``model`` and ``dataset``:
+    ``{key: {"import", "file", "version", "sha256"}}`` (``{}`` for built-in names).
+
+    Raises
+    ------
+    ExtensionError
+        A string that does not import.
+    """
+    facts: dict[str, Any] = {}
+    for key, spec in (("model", model), ("dataset", dataset)):
+        if not is_import_string(spec):
+            continue
+        resolve(key, spec, paths)
+        module_name = spec.partition(":")[0]
+        module = sys.modules[module_name]
+        file = getattr(module, "__file__", None)
+        facts[key] = {
+            "import": spec,
+            "file": str(Path(file).resolve()) if file else None,
+            "version": _version(module_name),
+            "sha256": _sha256(Path(file)) if file and Path(file).is_file() else None,
+        }
+    return facts

@@ -4,6 +4,7 @@ run's seeded ones."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -27,10 +28,14 @@ def _weights(run_dir: Path) -> np.ndarray:
         return z["weights"].copy()
 
 
-def test_edges_with_their_own_shards_train_the_seeded_runs_model(tmp_path: Path) -> None:
+def test_edges_with_their_own_shards_train_the_seeded_runs_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Also what launch shows (the aggregator's joins and round lines relayed, the outcome
+    line last) and each edge's own energy reading, labelled with its source."""
     full = make_idx_dataset(tmp_path / "full", n_train=300, n_test=100)
     sets = ["dataset=mnist", "model=logreg", "devices=3", "rounds=3", "local_steps=2",
-            "batch_size=16", "lr=0.05", "scheme=fedavg"]
+            "batch_size=16", "lr=0.05", "scheme=fedavg", "energy.source=auto"]
     cfg = load_experiment(None, [*sets, f"data_dir={full}"])
     inproc = run_experiment(cfg, tmp_path / "inproc")
     assert inproc["status"] == "completed"
@@ -54,6 +59,16 @@ def test_edges_with_their_own_shards_train_the_seeded_runs_model(tmp_path: Path)
                   round_timeout_s=60, join_timeout_s=120,
                   edge_args={i: ["--data-dir", str(shards[i])] for i in range(3)})
     assert code == 0, (out / "logs" / "aggregator.log").read_text()[-2000:]
+    shown = capsys.readouterr()
+    relayed = shown.err.splitlines()
+    assert relayed.count("aggregator: all 3 devices joined") == 1
+    assert [ln.split(":")[1] for ln in relayed if ln.startswith("aggregator: round ")] == [
+        f" round {k}/3" for k in range(1, 4)]
+    assert shown.out.splitlines()[-1].startswith("run completed: 3/3 rounds, final test")
+    last = json.loads((out / "aggregator" / "metrics.jsonl").read_text().splitlines()[-1])
+    for dev in last["devices"]:
+        assert dev["energy_comp_j"] > 0
+        assert dev["energy_comp_source"].startswith(("modelled", "measured (RAPL"))
     np.testing.assert_allclose(_weights(out / "aggregator"), _weights(tmp_path / "inproc"),
                                rtol=0, atol=1e-6)
     assert not any((agg / name).exists() for name in TRAIN)

@@ -31,6 +31,8 @@ def _weights(run_dir: Path) -> np.ndarray:
         return z["weights"].copy()
 
 
+@pytest.mark.slow  # test_edge_own_data and test_extensions check the same (launch = in-process
+# weights, relayed lines, outcome line last, each edge's energy) on smaller data
 def test_launch_equals_in_process_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,7 +18,7 @@ from aggregator.run_rounds import format_duration, progress_line
 from testbed.cli.main import main
 from testbed.core.protocol import encode
 from testbed.lab.launch import LogRelay, outcome_note
-from testbed.sweep.driver import CellCount, cell_end_line, cell_start_line
+from testbed.sweep.progress import CellCount, cell_end_line, cell_start_line
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from testbed import __version__
-from testbed.report import sections
+from testbed.report import channel_sections, sections
 from testbed.report.load import METRICS, SUMMARY, RunData
 from testbed.report.plots import Plot, comp_source
 from testbed.report.tables import Table
@@ -94,11 +94,11 @@ def render(run: RunData, plots: list[Plot]) -> tuple[str, list[Table]]:
 
     out.append("## Energy\n")
     out.append(f"Computing energy: {comp_source(run)}.\n")
-    add(sections.energy_table(run))
+    add(channel_sections.energy_table(run))
     out.append(_figure(by_name, "energy.png", "Energy per device"))
 
     out.append("## Loss targets\n")
-    lt = sections.loss_target_table(run)
+    lt = channel_sections.loss_target_table(run)
     if lt is None and run.summary is None:
         out.append(f"No `{SUMMARY}`: the round and energy at each loss target are computed "
                    f"when the run ends.\n")
@@ -107,7 +107,7 @@ def render(run: RunData, plots: list[Plot]) -> tuple[str, list[Table]]:
     add(lt)
 
     out.append("## Channel\n")
-    st = sections.snr_table(run)
+    st = channel_sections.snr_table(run)
     if st is None:
         carriers = {str(e["carrier"]) for _, _, _, e in run.device_entries() if "carrier" in e}
         why = f" (uploads went over: {'; '.join(sorted(carriers))})" if carriers else ""

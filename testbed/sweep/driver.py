@@ -41,6 +41,7 @@ from testbed.core.config.safe_yaml import dump_yaml_text
 from testbed.core.interrupts import raise_interrupt, sigterm_as_interrupt
 from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.sweep.cells import Cell, build_cells, cell_action, read_summary
+from testbed.sweep.progress import CellCount, cell_end_line, cell_start_line, outcome_text
 from testbed.sweep.results import plot_results, result_row, write_csv
 from testbed.sweep.spec import SweepSpec, load_sweep
 from testbed.sweep.task import STOP_GRACE_S, run_cell
@@ -143,66 +144,12 @@ def _job(cell: Cell, spec: SweepSpec, run_dir: Path, log: Path, action: str) -> 
     return {"args": args, "cwd": str(Path.cwd()), "log": str(log), "threads": cell.cpus}
 
 
-@dataclass
-class CellCount:
-    """The running count of a sweep's cells: ``done`` (ended, skipped ones included),
-    ``running`` (started, not ended) and the rest, to go.
-
-    Attributes
-    ----------
-    total
-        Cells of the sweep.
-    done
-        Cells that ended (or were skipped as finished earlier).
-    running
-        Names of the cells started and not ended.
-    """
-
-    total: int
-    done: int = 0
-    running: set[str] = field(default_factory=set)
-
-    def text(self) -> str:
-        """``2 done, 1 running, 5 to go``."""
-        to_go = self.total - self.done - len(self.running)
-        return f"{self.done} done, {len(self.running)} running, {to_go} to go"
-
-
-def cell_start_line(n: int, count: CellCount, label: str, action: str) -> str:
-    """The line of cell ``n`` (1-based) starting: ``cell 3/8 started: lr=0.1 (run); 2 done,
-    1 running, 5 to go`` (``action``: ``run`` or ``resume``; ``count`` already has it
-    running)."""
-    return f"cell {n}/{count.total} started: {label} ({action}); {count.text()}"
-
-
-def cell_end_line(n: int, count: CellCount, label: str, action: str, row: dict[str, Any],
-                  wall_s: float | None) -> str:
-    """The line of cell ``n`` (1-based) ending: ``cell 3/8 (lr=0.1): ran: completed,
-    accuracy 0.8100, 12.3 s; 3 done, 0 running, 5 to go`` (``count`` already has it done;
-    ``wall_s``: its process's wall time, ``None``: not run)."""
-    took = "" if wall_s is None else f", {wall_s:.1f} s"
-    return (f"cell {n}/{count.total} ({label}): {action}: {_outcome_text(row)}{took}; "
-            f"{count.text()}")
-
-
 def _log_size(path: Path) -> int:
     """Bytes in a cell's log (0: none yet)."""
     try:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _outcome_text(row: dict[str, Any]) -> str:
-    text = str(row["status"])
-    if row["final_accuracy"] is not None:
-        text += f", accuracy {row['final_accuracy']:.4f}"
-    if row["epsilon_max"] is not None:
-        text += f", max epsilon {row['epsilon_max']:.3g} ({row['privacy_unit']}, "
-        text += f"{row['accountant']}, delta {row['delta']:g})"
-    if row["note"]:
-        text += f" ({row['note']})"
-    return text
 
 
 def run_sweep(
@@ -329,7 +276,7 @@ def _run_locked(
         if actions[cell.name] == "skip":
             row = result_row(cell.values, run_dir, read_summary(run_dir), action="skipped")
             note(f"cell {index[cell.name]}/{len(cells)} ({cell.label}): skipped, finished "
-                 f"earlier: {_outcome_text(row)}")
+                 f"earlier: {outcome_text(row)}")
         else:
             summary = read_summary(run_dir) if actions[cell.name] == "resume" else None
             row = result_row(cell.values, run_dir, summary, action="not_run")

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from testbed.core.config.safe_yaml import short_repr
 from testbed.core.config.sections import (
@@ -300,18 +300,12 @@ class ExperimentConfig(_Strict):
             )
         return v
 
-    @field_validator("dataset", mode="before")
+    @field_validator("dataset", "model", mode="before")
     @classmethod
-    def _dataset_value(cls, v: Any) -> Any:
+    def _builtin_or_import_string(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, str):
-            check_import_syntax("dataset", v, DATASETS)
-        return v
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model_value(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            check_import_syntax("model", v, MODELS)
+            key = info.field_name
+            check_import_syntax(key, v, DATASETS if key == "dataset" else MODELS)
         return v
 
     @field_validator("extensions_path")

@@ -59,8 +59,6 @@ VIRTUAL_BURST_LEAD_S = 0.3
 DEFAULT_SNR_DB = 20.0
 
 Probe = Callable[..., ProbeResult]
-#: How messages name emulated radios.
-EMULATED_WORDS = EMULATED_LABEL
 
 
 class FallbackRefused(LinkFailed):
@@ -263,7 +261,7 @@ def check_same_radios(aggregator: str, hw: HardwareConfig) -> None:
         )
 
 
-_KIND_WORDS = {"usrp": "a real USRP", "virtual": "virtual", "emulated": EMULATED_WORDS}
+_KIND_WORDS = {"usrp": "a real USRP", "virtual": "virtual", "emulated": EMULATED_LABEL}
 
 
 def emulation_facts(hw: HardwareConfig) -> dict[str, object] | None:

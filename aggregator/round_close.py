@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.aggregate import average, global_update
+from aggregator.aggregate import global_update
 from aggregator.evaluate import Evaluation, evaluate, sample_scores
 from aggregator.solver.calibration import smoothed_losses
 from aggregator.state import RunState
+from testbed.core.scheme_api import checked, scheme_of
 from testbed.core.stage_timer import StageTimer
 
 
@@ -37,8 +38,8 @@ def close_round(
     *,
     n_avg: int | None = None,
 ) -> dict[str, Any]:
-    """Aggregate round ``t``'s decoded differentials into ``state.w``, evaluate, and build
-    its metrics line.
+    """Combine round ``t``'s decoded differentials (the scheme's ``combine``: the mean for
+    every built-in) into ``state.w``, evaluate, and build its metrics line.
 
     ``per_device``: one entry per device listed, in device order; ``committed_losses``: the
     training losses of the rounds committed before (``stop_at_loss``); ``t0``: the round's
@@ -50,9 +51,14 @@ def close_round(
     default = cfg.sample_devices if cfg.sample_devices is not None else cfg.devices
     over = default if n_avg is None else max(1, n_avg)
     if decoded:  # nothing received (every upload lost): the model stays as it is
-        state.w = timer.timed(
-            "aggregate", lambda: global_update(state.w, average(decoded, over), cfg.lr)
-        )
+        scheme = scheme_of(cfg)
+
+        def step() -> np.ndarray:
+            direction = scheme.combine(decoded, n_devices=over, round_index=t)
+            return global_update(state.w, checked(direction, state.w.size,
+                                                  f"{scheme.name}.combine"), cfg.lr)
+
+        state.w = timer.timed("aggregate", step)
     lost = [d["device"] for d in per_device if d.get("lost")]
     train_loss = float(np.mean(losses)) if losses else float("nan")
     line: dict[str, Any] = {

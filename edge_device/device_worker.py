@@ -28,6 +28,7 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.models import n_params
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.run_errors import TrainingDiverged
+from testbed.core.scheme_api import BuiltinScheme, checked, scheme_of
 from testbed.core.schemes import DeviceUplink
 from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.stage_timer import StageTimer
@@ -222,6 +223,7 @@ class DeviceWorker:
         self.meter = meter
         self._model, self._x, self._y, self._index = model, x, y, index
         self._trainer: Any = None
+        self.scheme = scheme_of(cfg)
         self.encoder = UplinkEncoder(
             UplinkSettings(
                 # record unit: every example is clipped already; no update clipping
@@ -257,15 +259,19 @@ class DeviceWorker:
 
     def encode(self, trained: Trained, timer: StageTimer) -> LocalUpload:
         """Encode a training's differential into the round's upload (the quantizer's stream
-        is spawned from the experiment seed for this device and round)."""
+        is spawned from the experiment seed for this device and round); a lab's own scheme's
+        ``prepare`` maps the differential first."""
         i, t = self.device, trained.round_index
         q_rng = experiment_generator(self.cfg.seed, Stream.QUANTIZER, i, t)
+        g = trained.differential
+        if not isinstance(self.scheme, BuiltinScheme):  # a lab's own scheme's device side
+            g = checked(self.scheme.prepare(g, device=i, round_index=t), g.size,
+                        f"{self.scheme.name}.prepare")
         upload = timer.timed(
             "encode",
-            partial(self.encoder.encode, trained.differential, device=i, round_index=t,
-                    quant_rng=q_rng),
+            partial(self.encoder.encode, g, device=i, round_index=t, quant_rng=q_rng),
         )
-        return LocalUpload(upload, trained.train_loss, trained.comp, trained.differential)
+        return LocalUpload(upload, trained.train_loss, trained.comp, g)
 
     def update(self, w: np.ndarray, round_index: int, timer: StageTimer) -> LocalUpload:
         """Train from global weights ``w`` (shape ``(d,)``) and encode the differential.

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "iq_modulation.yaml")
 LOADER = "examples.iq_modulation:loader"
 MODEL = "examples.iq_modulation:model"
+SCHEME = "examples.own_schemes:MajorityVote"
 
 
 # -- factories and loaders the tests name by import string ------------------------------------
@@ -159,7 +160,8 @@ def test_launch_imports_them_on_every_edge_and_equals_the_in_process_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)  # the edges import examples.iq_modulation from here
-    overrides = ["rounds=2"]
+    # ...and a lab's own scheme: each edge runs its prepare, the aggregator its combine
+    overrides = ["rounds=2", f"scheme={SCHEME}"]
     code = launch(EXAMPLE, 3, tmp_path / "lab", overrides=overrides, hw_overrides=[],
                   round_timeout_s=60, join_timeout_s=120)
     assert code == 0
@@ -167,6 +169,8 @@ def test_launch_imports_them_on_every_edge_and_equals_the_in_process_run(
     assert run_experiment(cfg, tmp_path / "inproc")["status"] == "completed"
     lab = json.loads((tmp_path / "lab" / "aggregator" / "summary.json").read_text())
     assert lab["status"] == "completed" and lab["rounds_completed"] == 2
+    meta = json.loads((tmp_path / "lab" / "aggregator" / "meta.json").read_text())
+    assert meta["extensions"]["scheme"]["import"] == SCHEME
     np.testing.assert_allclose(_weights(tmp_path / "lab" / "aggregator"),
                                _weights(tmp_path / "inproc"), rtol=0, atol=1e-6)
     assert not processes_mentioning(str(tmp_path))
@@ -174,7 +178,7 @@ def test_launch_imports_them_on_every_edge_and_equals_the_in_process_run(
 
 def test_a_two_cell_sweep_over_it_completes(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(dump_yaml_text({"base": EXAMPLE, "set": {"rounds": 2},
+    sweep.write_text(dump_yaml_text({"base": EXAMPLE, "set": {"rounds": 2, "scheme": SCHEME},
                                      "grid": {"lr": [0.05, 0.1]}}), encoding="utf-8")
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -186,8 +190,8 @@ def test_a_two_cell_sweep_over_it_completes(tmp_path: Path) -> None:
     assert len(runs) == 2
     for run in runs:
         assert json.loads((run / "summary.json").read_text())["status"] == "completed"
-        assert json.loads((run / "meta.json").read_text())["extensions"]["model"]["import"] \
-            == MODEL
+        facts = json.loads((run / "meta.json").read_text())["extensions"]
+        assert facts["model"]["import"] == MODEL and facts["scheme"]["import"] == SCHEME
 
 
 def test_an_edge_data_dir_is_passed_to_the_loader_and_its_train_split_is_the_shard(

@@ -194,6 +194,7 @@ class EdgeAgent:
         from testbed.core.models import n_params
         from testbed.core.radio_fallback import check_same_radios
         from testbed.core.run_setup import (
+            device_directory,
             device_settings,
             initial_model,
             prepare_data,
@@ -213,10 +214,13 @@ class EdgeAgent:
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
-        if self.data_dir is not None:  # its own data: all of it is this device's shard
+        own = self.data_dir
+        if own is None and cfg.partition == "files":  # its own directory under data_dir
+            own = device_directory(cfg, self.device)
+        if own is not None:  # its own data: all of it is this device's shard
             import numpy as np
 
-            data = prepare_own_shard(cfg, self.data_dir)
+            data = prepare_own_shard(cfg, own)
             mine = np.arange(len(data.y_train))
             # A device's settings depend on it only through its SNR and its sample count;
             # the other entries are not used here (the aggregator has the true sizes).

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.data.datasets import Dataset
+from testbed.core.data.from_torch import dataset_arrays, is_map_dataset
 
 #: ``package.module:attribute``: dotted Python identifiers on both sides of one ``:``.
 IMPORT_PATTERN = re.compile(
@@ -45,6 +46,7 @@ SIGNATURES = {
     "dataset": (
         "loader(data_dir: str | None) -> (x_train, y_train, x_test, y_test) numpy arrays"
     ),
+    "scheme": "class Name(testbed.core.scheme_api.Scheme) with base = a built-in scheme",
 }
 
 
@@ -170,8 +172,9 @@ def build_user_model(spec: str, input_shape: tuple[int, ...], n_classes: int,
     return model
 
 
-def _check_split(spec: str, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(x float32, y int64)`` of one split, checked."""
+def _check_split(spec: str, split: str, x: Any, y: Any,
+                 required: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``(x float32, y int64)`` of one split, checked (``required``: it must hold samples)."""
     where = f"dataset: {spec!r}: {split} split:"
     if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
         raise ExtensionError(
@@ -192,9 +195,9 @@ def _check_split(spec: str, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.
         )
     if len(x) != len(y):
         raise ExtensionError(f"{where} {len(x)} samples but {len(y)} labels")
-    if len(y) == 0:
+    if len(y) == 0 and required:
         raise ExtensionError(f"{where} no samples")
-    if y.min() < 0:
+    if len(y) and y.min() < 0:
         raise ExtensionError(f"{where} label {int(y.min())} < 0; labels are 0..K-1")
     xf = x.astype(np.float32)
     if not np.isfinite(xf).all():
@@ -202,8 +205,8 @@ def _check_split(spec: str, split: str, x: Any, y: Any) -> tuple[np.ndarray, np.
     return xf, y.astype(np.int64)
 
 
-def load_user_dataset(spec: str, data_dir: str | None,
-                      paths: Sequence[str] = ()) -> Dataset:
+def load_user_dataset(spec: str, data_dir: str | None, paths: Sequence[str] = (),
+                      required: Sequence[str] = ("train", "test")) -> Dataset:
     """Call the loader ``spec`` names and check what it returns.
 
     Parameters
@@ -215,6 +218,9 @@ def load_user_dataset(spec: str, data_dir: str | None,
         ``--data-dir``); ``None`` when not set.
     paths
         ``extensions_path``.
+    required
+        The splits that must hold samples (the others may be empty: an edge's own shard
+        needs no test split, an aggregator no training split).
 
     Returns
     -------
@@ -235,19 +241,30 @@ def load_user_dataset(spec: str, data_dir: str | None,
             f"dataset: {spec!r}: the loader raised {type(exc).__name__}: {exc} (called as "
             f"{SIGNATURES['dataset']} with data_dir={data_dir!r})"
         ) from exc
+    if (isinstance(out, tuple | list) and len(out) == 2
+            and all(is_map_dataset(o) for o in out)):  # (train, test) torch Datasets
+        try:
+            out = (*dataset_arrays(out[0], "train"), *dataset_arrays(out[1], "test"))
+        except ValueError as exc:
+            raise ExtensionError(f"dataset: {spec!r}: {exc}") from None
     if not isinstance(out, tuple | list) or len(out) != 4:
         raise ExtensionError(
             f"dataset: {spec!r}: the loader returned a {type(out).__name__}; expected a tuple "
-            "(x_train, y_train, x_test, y_test) of numpy arrays"
+            "(x_train, y_train, x_test, y_test) of numpy arrays, or (train, test) map-style "
+            "torch Datasets of (sample, label) items"
         )
-    x_train, y_train = _check_split(spec, "train", out[0], out[1])
-    x_test, y_test = _check_split(spec, "test", out[2], out[3])
+    x_train, y_train = _check_split(spec, "train", out[0], out[1], "train" in required)
+    x_test, y_test = _check_split(spec, "test", out[2], out[3], "test" in required)
+    if not len(x_train):  # an empty split takes the other's sample shape
+        x_train = np.zeros((0, *x_test.shape[1:]), dtype=np.float32)
+    if not len(x_test):
+        x_test = np.zeros((0, *x_train.shape[1:]), dtype=np.float32)
     if x_train.shape[1:] != x_test.shape[1:]:
         raise ExtensionError(
             f"dataset: {spec!r}: sample shapes differ: train {x_train.shape[1:]}, test "
             f"{x_test.shape[1:]}"
         )
-    n_classes = int(max(y_train.max(), y_test.max())) + 1
+    n_classes = int(max(y.max() for y in (y_train, y_test) if len(y))) + 1
     return Dataset(spec, x_train, y_train, x_test, y_test, n_classes)
 
 
@@ -271,8 +288,10 @@ def _version(module_name: str) -> str | None:
         return None
 
 
-def extension_facts(model: str, dataset: str, paths: Sequence[str] = ()) -> dict[str, Any]:
-    """What ``meta.json`` records of the import strings among ``model`` and ``dataset``:
+def extension_facts(model: str, dataset: str, paths: Sequence[str] = (),
+                    scheme: str | None = None) -> dict[str, Any]:
+    """What ``meta.json`` records of the import strings among ``model``, ``dataset`` and
+    ``scheme`` (``scheme_class``, ``None`` for a built-in):
     ``{key: {"import", "file", "version", "sha256"}}`` (``{}`` for built-in names).
 
     Raises
@@ -281,7 +300,7 @@ def extension_facts(model: str, dataset: str, paths: Sequence[str] = ()) -> dict
         A string that does not import.
     """
     facts: dict[str, Any] = {}
-    for key, spec in (("model", model), ("dataset", dataset)):
+    for key, spec in (("model", model), ("dataset", dataset), ("scheme", scheme or "")):
         if not is_import_string(spec):
             continue
         resolve(key, spec, paths)

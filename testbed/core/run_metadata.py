@@ -45,7 +45,8 @@ def write_metadata(
     file's sha256.
     """
     compute = compute if compute is not None else resolve_device(cfg.compute.device)
-    extensions = extension_facts(cfg.model, cfg.dataset, cfg.extensions_path)
+    extensions = extension_facts(cfg.model, cfg.dataset, cfg.extensions_path,
+                                 cfg.scheme_class)
     rundir.write_text("config.yaml", dump_yaml(cfg))
     rundir.write_text("hw_config.yaml", dump_yaml(hw))
     rundir.write_text("run_secret", new_run_secret() + "\n", mode=0o600)

@@ -23,18 +23,56 @@ from testbed.core.schemes import DeviceUplink, resolve_uplinks
 from testbed.core.seeding import Stream, experiment_generator
 
 
-def _user_data(cfg: ExperimentConfig, data_dir: str | Path | None) -> Dataset:
-    """Both splits of an import-string data set: its loader called with ``data_dir``."""
+def _user_data(cfg: ExperimentConfig, data_dir: str | Path | None,
+               required: tuple[str, ...] = ("train", "test")) -> Dataset:
+    """An import-string data set: its loader called with ``data_dir`` (``required``: the
+    splits that must hold samples)."""
     return load_user_dataset(cfg.dataset, None if data_dir is None else str(data_dir),
-                             cfg.extensions_path)
+                             cfg.extensions_path, required)
+
+
+def device_directory(cfg: ExperimentConfig, device: int) -> Path:
+    """``partition: files``: where device ``device``'s own data is, ``<data_dir>/device-<i>``."""
+    return Path(str(cfg.data_dir)).expanduser() / f"device-{device}"
+
+
+def _files_partition(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
+    """``partition: files``: each device's shard is everything in its own directory
+    (:func:`device_directory`), read as ``testbed edge --data-dir`` reads it; the test split
+    from ``data_dir`` (capped by ``eval_samples``)."""
+    from testbed.core.data.datasets import DatasetNotFoundError
+
+    missing = [str(device_directory(cfg, i)) for i in range(cfg.devices)
+               if not device_directory(cfg, i).is_dir()]
+    if missing:
+        raise DatasetNotFoundError(
+            f"partition: 'files' reads device i's data from <data_dir>/device-<i>; missing: "
+            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    shards = [prepare_own_shard(cfg, device_directory(cfg, i)) for i in range(cfg.devices)]
+    test = prepare_test_data(cfg)
+    shapes = {s.x_train.shape[1:] for s in shards} | {test.x_test.shape[1:]}
+    if len(shapes) != 1:
+        raise ValueError(f"partition: 'files': the devices' and the test samples' shapes "
+                         f"differ: {sorted(shapes)}")
+    sizes = np.cumsum([0, *(len(s.y_train) for s in shards)])
+    parts = [np.arange(sizes[i], sizes[i + 1]) for i in range(cfg.devices)]
+    n_classes = max([test.n_classes, *(s.n_classes for s in shards)])
+    data = Dataset(test.name, np.concatenate([s.x_train for s in shards]),
+                   np.concatenate([s.y_train for s in shards]), test.x_test, test.y_test,
+                   n_classes)
+    return data, parts
 
 
 def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
     """Load the data set (capped as configured) and split it across devices.
 
     A data set by import string (``package.module:loader``) is its loader's arrays,
-    partitioned and capped as the built-in ones are.
+    partitioned and capped as the built-in ones are. ``partition: files``: each device's own
+    directory is its shard (:func:`_files_partition`).
     """
+    if cfg.partition == "files":
+        return _files_partition(cfg)
     if is_import_string(cfg.dataset):
         data = _user_data(cfg, cfg.data_dir)
     else:
@@ -77,7 +115,7 @@ def prepare_own_shard(cfg: ExperimentConfig, directory: Path) -> Dataset:
         The directory holds no training rows.
     """
     if is_import_string(cfg.dataset):
-        full = _user_data(cfg, directory)
+        full = _user_data(cfg, directory, ("train",))
         empty_x = np.zeros((0, *full.x_train.shape[1:]), dtype=full.x_train.dtype)
         data = Dataset(full.name, full.x_train, full.y_train, empty_x, np.zeros(0, np.int64),
                        full.n_classes)
@@ -94,7 +132,7 @@ def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
     string: its loader is called and its test split kept (``n_classes`` counts the labels
     of both splits, as on the edges)."""
     if is_import_string(cfg.dataset):
-        data = _user_data(cfg, cfg.data_dir)
+        data = _user_data(cfg, cfg.data_dir, ("test",))
     else:
         data = load_test_set(cfg.dataset, cfg.resolved_data_dir())
     x_test, y_test = data.x_test, data.y_test

@@ -113,6 +113,7 @@ def outcome_table(run: RunData) -> Table:
 _SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("experiment name", ("name",)),
     ("scheme", ("scheme",)),
+    ("scheme class (a lab's own; its privacy mechanism is the scheme row's)", ("scheme_class",)),
     ("data set", ("dataset",)),
     ("partition", ("partition",)),
     ("dominant fraction (non-IID)", ("dominant_fraction",)),
@@ -263,6 +264,8 @@ def settings_table(run: RunData) -> Table:
             continue
         if name == "Rician K (dB)" and run.setting("fading") != "rician":
             continue
+        if path == ("scheme_class",) and run.setting("scheme_class") is None:
+            continue
         if name in _COMPRESSION_ROWS:
             name += " (configured; no summary says what was applied)"
         t.rows.append([label(name), cell, label(f"{CONFIG}: {'.'.join(path)}")])
@@ -282,7 +285,7 @@ def settings_table(run: RunData) -> Table:
             if cell.op is not None and cell.text not in ("", "''"):
                 t.rows.append([label(what), cell,
                                label(f"{SUMMARY}: privacy.channel_noise.{key}")])
-    for kind in ("model", "dataset"):  # a lab's own model or data set, by import string
+    for kind in ("model", "dataset", "scheme"):  # a lab's own, by import string
         for key in ("import", "file", "version", "sha256"):
             cell = value_cell(run.meta, META, ("extensions", kind, key))
             if cell.op is not None:

@@ -39,6 +39,7 @@ from testbed.core.config.sections import (
     _Strict,
 )
 from testbed.core.extensions import check_import_syntax, is_import_string
+from testbed.core.scheme_api import check_scheme_class, split_scheme_import
 
 SCHEMES = (
     "fedavg",
@@ -129,7 +130,8 @@ class ExperimentConfig(_Strict):
         ),
     )
     data_dir: str | None = Field(None, description="directory with the data set files")
-    partition: Literal["iid", "noniid"] = "noniid"
+    partition: Literal["iid", "noniid", "files"] = Field("noniid", description=(
+        "files: device i's data is <data_dir>/device-<i> (docs/extensions.md)"))
     dominant_fraction: float = Field(
         0.75, gt=0, le=1, description="non-IID: fraction of a device's samples from its label"
     )
@@ -152,7 +154,8 @@ class ExperimentConfig(_Strict):
     scheme: Literal[
         "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression",
         "dp-pasgd", "fedsgd-dpc", "zcdp-secagg",
-    ] = "fedavg"
+    ] = Field("fedavg", description="built-in, or 'package.module:Class' (docs/extensions.md)")
+    scheme_class: str | None = Field(None, description="set from scheme: package.module:Class")
     clients_per_round: int | None = Field(
         None, ge=1, le=100_000,
         description=(
@@ -289,6 +292,11 @@ class ExperimentConfig(_Strict):
     power: PowerConfig = PowerConfig()
     energy: EnergyConfig = EnergyConfig()
     compute: ComputeConfig = ComputeConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scheme_by_import_string(cls, data: Any) -> Any:
+        return split_scheme_import(data)
 
     @field_validator("name")
     @classmethod
@@ -443,6 +451,10 @@ class ExperimentConfig(_Strict):
                     "weights, so the record-level sensitivity is not C/B; set local_steps=1 "
                     "(FedSGD) or privacy.noise=per-step"
                 )
+        check_scheme_class(self)
+        if self.partition == "files" and (self.data_dir is None or self.train_samples):
+            raise ValueError("partition: 'files' reads <data_dir>/device-<i>: set data_dir, and "
+                             "leave train_samples unset (each directory is a device's shard)")
         if self.privacy.unit == "device" and self.privacy.noise_multiplier is not None:
             raise ValueError(
                 "privacy.noise_multiplier: only for privacy.unit=record; the device unit takes "

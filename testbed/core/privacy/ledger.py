@@ -56,6 +56,7 @@ from types import TracebackType
 from typing import IO, Any, ClassVar, Protocol
 
 from testbed.core.privacy.accountant import PrivacyAccountant
+from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.events import UploadEvent
 from testbed.core.privacy.ledger_parse import (
     CHAIN_FIELDS,
@@ -109,6 +110,7 @@ EVENT_TYPES: dict[str, Any] = {
     UploadEvent.TYPE: UploadEvent,
     RecordEvent.TYPE: RecordEvent,
     LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
+    AirCompEvent.TYPE: AirCompEvent,
 }
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.record_compose import ContributionKey, RdpEngine
 from testbed.core.privacy.record_device_level import device_level_epsilon
@@ -51,9 +52,10 @@ _STATE_VERSION = 1
 _STATE_KIND = "record-accountant"
 _NO_CHANNEL_CACHE_SIZE = 4096
 #: The record-level event types, by JSON ``type`` tag.
-RECORD_EVENT_TYPES: dict[str, type[RecordEvent] | type[LaplaceRecordEvent]] = {
+RECORD_EVENT_TYPES: dict[str, Any] = {
     RecordEvent.TYPE: RecordEvent,
     LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
+    AirCompEvent.TYPE: AirCompEvent,
 }
 
 

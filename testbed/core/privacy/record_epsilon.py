@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.rdp import OrderAtEdgeWarning
 from testbed.core.privacy.record_compose import PldEngine, RdpEngine
 from testbed.core.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
@@ -22,8 +23,8 @@ DEFAULT_PLD_DISCRETIZATION = 1e-3
 #: Relative log-grid step z is rounded down to, per accountant (RDP curves are cheap).
 DEFAULT_Z_RESOLUTION = {"rdp": 0.0, "pld": 1e-3}
 #: Any record-level event.
-AnyRecordEvent = RecordEvent | LaplaceRecordEvent
-_RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent)
+AnyRecordEvent = RecordEvent | LaplaceRecordEvent | AirCompEvent
+_RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent, AirCompEvent)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,29 @@ def trust_fields(
     from testbed.core.channel_credit import channel_noise_report
 
     channel = channel_noise_report(cfg, hw, uplinks)
+    if cfg.scheme == "aircomp":
+        return {"trust": aircomp_trust(channel, cfg.privacy.colluding_devices),
+                "channel_noise": channel}
     return {"trust": trust_statement(channel, unit), "channel_noise": channel}
+
+
+def aircomp_trust(channel: dict[str, Any], colluding: int) -> str:
+    """The trust statement of over-the-air aggregation (docs/privacy.md section 12)."""
+    credited = float(channel["credited_fraction"])
+    receiver = (f"plus {credited:.0%} of the receiver's noise, which is secret "
+                f"({channel['source']})" if credited > 0
+                else f"and no receiver noise ({channel['reason']})")
+    return (
+        "Distributed model (over-the-air aggregation): every device adds its share of the "
+        "noise and all transmit in one slot, so the aggregator receives only the sum. A "
+        "device's enforced epsilon credits the noise of every other device that transmitted "
+        f"with it, less the {colluding} largest shares (privacy.colluding_devices: devices "
+        f"that collude subtract their own noise), {receiver}. It assumes the other devices "
+        "add their noise (honest but curious) and that no one receives the devices' signals "
+        "separately; with every other device colluding only the device's own noise and the "
+        "receiver's count (epsilon_all_colluding), and without the receiver's noise "
+        "(epsilon_no_channel) an eavesdropper with a better channel is covered."
+    )
 
 
 def trust_statement(channel: dict[str, Any], unit: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.aircomp_round import aircomp_round, usable_kept
 from aggregator.devices import Devices, Upload
 from aggregator.round_close import close_round
 from aggregator.sampling import round_devices
@@ -103,6 +104,8 @@ class RoundLoop:
         selected = self.selected_devices(t)
         absent = devices.absent(selected) - set(charged)
         asked = sorted(selected - set(kept) - set(charged) - absent)
+        if cfg.scheme == "aircomp":
+            return self._aircomp(t, link, stop, timer, t0, usable_kept(kept), selected, asked)
         if secure:
             gated, ch_rngs = self.gate_secure(t, asked), {}
         else:
@@ -148,6 +151,37 @@ class RoundLoop:
             # Entries for the devices asked only: the line does not grow with the population.
             line["selected"] = len(selected)
             line["population"] = cfg.devices
+        return line
+
+    def _aircomp(
+        self, t: int, link: Link, stop: StopSignals, timer: StageTimer, t0: float,
+        kept: dict[int, tuple[np.ndarray | None, dict[str, Any]]], selected: set[int],
+        asked: list[int],
+    ) -> dict[str, Any] | None:
+        """Round ``t`` of over-the-air aggregation: ``asked`` in one slot
+        (:func:`aggregator.aircomp_round.aircomp_round`), ``kept`` from before an
+        interruption; ``None`` when no device may transmit."""
+        state = self.state
+        out = aircomp_round(state, self.devices, link, t, asked, stop, timer) if asked else None
+        if out is None and not kept:
+            return None
+        entries, total, losses, report = out or ({}, None, [], {})
+        decoded: list[np.ndarray] = [] if total is None else [total]
+        per_device: list[dict[str, Any]] = []
+        for i in sorted(selected | set(kept)):
+            if i in kept:
+                vec, info = kept[i]
+                tally({**info, "resumed": True}, vec, decoded, losses, per_device)
+            elif i in entries:
+                per_device.append(entries[i])
+            else:
+                reason = "not selected" if i not in selected else "budget"
+                per_device.append({"device": i, "transmitted": False, "skipped": reason})
+        line = close_round(state, t, decoded, losses, per_device, timer, t0, self.losses,
+                           n_avg=len(selected))
+        line |= self.devices.end_round(t)
+        if report:
+            line["aircomp"] = report
         return line
 
     def _uploads(

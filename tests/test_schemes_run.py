@@ -16,8 +16,9 @@ from testbed.core.rundir import RunDir
 from testbed.core.schemes import expected_power_bound, resolve_uplinks
 from testbed.runner import resume_experiment, run_experiment
 
-# 003's schemes (the peer systems run only at the record unit: tests/test_peer_*.py)
-DP_SCHEMES = [s for s in SCHEMES if s != "fedavg" and s not in PEER_SCHEMES]
+# 003's schemes (the peer systems and aircomp run only at the record unit: tests/test_peer_*.py,
+# tests/test_aircomp_run.py)
+DP_SCHEMES = [s for s in SCHEMES if s not in ("fedavg", "aircomp") and s not in PEER_SCHEMES]
 
 
 @pytest.mark.parametrize("scheme", DP_SCHEMES)

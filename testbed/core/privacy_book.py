@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from testbed.core.privacy import (
     PrivacyAccountant,
     UploadEvent,
 )
+from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
 from testbed.core.privacy.ledger_parse import gc_paused
@@ -55,7 +57,7 @@ ACCOUNTINGS = {"device": MODES, "record": RECORD_ACCOUNTANTS}
 #: Event types each unit records (the record unit: subsampled Gaussian or full-batch Laplace).
 EVENT_CLASSES: dict[str, tuple[type, ...]] = {
     "device": (UploadEvent,),
-    "record": (RecordEvent, LaplaceRecordEvent),
+    "record": (RecordEvent, LaplaceRecordEvent, AirCompEvent),
 }
 
 
@@ -268,11 +270,33 @@ class PrivacyBook:
             out["epsilon_no_channel"] = acc.epsilon_without_channel(device).epsilon
             out["epsilon_device_level"] = acc.device_epsilon(device)
         history = self.accountants[self.enforce].history(device)
+        if any(isinstance(e, AirCompEvent) for e in history):
+            out |= self._aircomp_figures(history)
         failure = math.fsum(getattr(e, "bound_failure_prob", 0.0) for e in history)
         out["delta"] = self.delta
         out["delta_total"] = self.delta + failure
         out["uploads"] = len(history)
         return out
+
+    def _aircomp_figures(self, history: tuple[Any, ...]) -> dict[str, Any]:
+        """Over-the-air rounds: the trust the budget was enforced under, and the epsilon
+        with every other device colluding (own noise and the receiver's only), composed by
+        the enforced accountant from the same events (docs/privacy.md section 12)."""
+        acc = RecordAccountant(self.enforce, self.delta,
+                               relation=self.accountants[self.enforce].relation)
+        colluding = set()
+        for e in history:
+            if isinstance(e, AirCompEvent):
+                colluding.add(e.colluding)
+                e = replace(e, colluding=len(e.others_noise_std))
+            acc.add(e)
+        device = history[0].device
+        return {"epsilon_all_colluding": acc.epsilon(device).epsilon,
+                "colluding_devices": sorted(colluding)[-1],
+                "trust": (f"over-the-air aggregation: the noise of every other device that "
+                          f"transmitted counts, less the {sorted(colluding)[-1]} largest "
+                          "(privacy.colluding_devices), plus the receiver noise credited; "
+                          "epsilon_all_colluding: own noise and the receiver's only")}
 
     def close(self) -> None:
         self.ledger.close()

@@ -45,6 +45,7 @@ from typing import Any
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import ConfigError
+from testbed.core.privacy.aircomp_noise import share_sigma
 from testbed.core.privacy.record_planning import (
     calibrate_laplace_noise_multiplier,
     calibrate_noise_multiplier,
@@ -287,6 +288,13 @@ def resolve_record_uplinks(
             alpha = cfg.power.alpha or max_alpha(
                 d=d, l=l, levels=levels, mechanism="before", p_max_units=p_units, **shape
             )
+        elif cfg.scheme == "aircomp":
+            # each device's share of the aggregate noise; alpha is the per-round
+            # pre-equalization c / h_hat, applied in the slot (docs/privacy.md section 12)
+            sigma = share_sigma(z, devices=cfg.devices, colluding=pc.colluding_devices,
+                                example_clip=pc.example_clip, expected_batch=batch)
+            alpha = 1.0
+            shape = {"clip": norm, "sigma": sigma}
         else:
             sigma, alpha = _upload_noise(cfg, i, d, l, levels, norm, needed_std, trusted, p_units)
             shape = {"clip": norm, "sigma": sigma}

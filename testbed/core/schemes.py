@@ -59,6 +59,9 @@ SCHEMES: dict[str, SchemeSpec] = {
     "fedsgd-dpc": SchemeSpec("before", False, False, False),
     # 002: r of n devices, tau noisy steps, secure aggregation on the control plane
     "zcdp-secagg": SchemeSpec("before", False, False, False),
+    # over-the-air aggregation: every device in one slot, its share of the noise (record
+    # unit, upload noise); the receiver's noise is credited to all (docs/privacy.md §12)
+    "aircomp": SchemeSpec("before", False, False, True),
 }
 
 

@@ -25,6 +25,8 @@ class Stream(IntEnum):
     QUANTIZER = 5
     EVAL = 6
     DEVICE_SAMPLING = 7
+    #: the shared slot of an over-the-air (aircomp) round: its receiver noise when seeded
+    AIR_SLOT = 8
 
 
 def experiment_generator(

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from testbed.core.config.aircomp_checks import check_aircomp
 from testbed.core.config.safe_yaml import short_repr
 from testbed.core.config.sections import (
     ClipConfig,
@@ -51,6 +52,7 @@ SCHEMES = (
     "dp-pasgd",
     "fedsgd-dpc",
     "zcdp-secagg",
+    "aircomp",
 )
 #: Peer schemes that sample devices per round (``clients_per_round``: 004's b, 002's r).
 SAMPLED_SCHEMES = ("fedsgd-dpc", "zcdp-secagg")
@@ -153,7 +155,7 @@ class ExperimentConfig(_Strict):
     )
     scheme: Literal[
         "fedavg", "ldp-fedavg", "s-dp-fl", "channel-dp", "ee-dp-fl", "noise-after-compression",
-        "dp-pasgd", "fedsgd-dpc", "zcdp-secagg",
+        "dp-pasgd", "fedsgd-dpc", "zcdp-secagg", "aircomp",
     ] = Field("fedavg", description="built-in, or 'package.module:Class' (docs/extensions.md)")
     scheme_class: str | None = Field(None, description="set from scheme: package.module:Class")
     clients_per_round: int | None = Field(
@@ -452,6 +454,7 @@ class ExperimentConfig(_Strict):
                     "(FedSGD) or privacy.noise=per-step"
                 )
         check_scheme_class(self)
+        check_aircomp(self)
         if self.partition == "files" and (self.data_dir is None or self.train_samples):
             raise ValueError("partition: 'files' reads <data_dir>/device-<i>: set data_dir, and "
                              "leave train_samples unset (each directory is a device's shard)")

@@ -83,6 +83,10 @@ class PrivacyConfig(_Strict):
     trusted_channel_noise: float = Field(
         1.0, ge=0, le=1, description="fraction of channel noise credited (0 = local DP)"
     )
+    colluding_devices: int = Field(
+        0, ge=0, le=100_000, description=(
+            "scheme aircomp: t, the other devices assumed to collude against a device (their "
+            "noise is not credited to it; docs/privacy.md section 12)"))
     n0_confidence: float | None = Field(
         None,
         gt=0,

@@ -1,0 +1,215 @@
+"""One round of over-the-air aggregation (scheme ``aircomp``) on the symbol link.
+
+1. **probe** every asked device's channel for the round (its pilot: the gain at the start
+   of its upload is what it pre-equalizes with; a channel that changes within the upload
+   leaves a misalignment the accountant charges);
+2. **amplitude and gate**: the common received amplitude ``c`` is the largest every
+   participant can reach within ``power.p_max_w`` (:func:`radio.aircomp.amplitude_for`);
+   each participant's :class:`~testbed.core.privacy.aircomp_events.AirCompEvent` (its own
+   noise share, the honest others' and the receiver's, ``privacy.colluding_devices``
+   removed) is checked against its budget; a refused device sits out and the rest are
+   gated again, since its noise no longer protects them;
+3. **ask** the participants for their noisy values (each trains and adds its share);
+4. **journal** every participant's intent, then all transmit **in one slot**:
+   ``y = sum_j h_j (c / h_hat_j) x_j + n`` (:func:`radio.aircomp.superpose`), with the
+   receiver noise of the link's source (the OS CSPRNG where it is credited);
+5. **decode** ``y / c`` (the sum), **record** every event, keep the round in ``inflight/``
+   and report the aggregation error (NMSE of the received sum against the sum sent), the
+   slot's air time and what TDMA would have taken.
+
+The receiver's noise ``N0`` is the best device's (the highest ``snr_db``); a device with a
+lower ``snr_db`` arrives through a correspondingly weaker gain (path loss), so each device
+still sees its configured SNR at unit power and unit fading gain.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from aggregator.devices import Devices, Upload
+from aggregator.state import RunState
+from radio.aircomp import aggregation_nmse, amplitude_for, pre_equalize, superpose
+from radio.analog import n_symbols_for, symbols_to_reals
+from radio.link import ChannelState, Link
+from radio.symbol_link import SymbolLink
+from testbed.core.faults import fault_point
+from testbed.core.interrupts import StopSignals
+from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.aircomp_noise import round_events
+from testbed.core.seeding import Stream, experiment_generator
+from testbed.core.stage_timer import StageTimer
+
+
+class AirCompRound:
+    """The slot of one aircomp round: channels, amplitude and events of its participants.
+
+    Parameters
+    ----------
+    state
+        The aggregator's state of the run.
+    link
+        The run's link (the symbol link).
+    t
+        The round.
+    asked
+        Devices that may take part (selected, not kept from before an interruption).
+    """
+
+    def __init__(self, state: RunState, link: Link, t: int, asked: list[int]) -> None:
+        if not isinstance(link, SymbolLink):
+            raise TypeError(f"scheme aircomp runs on the symbol link, not {link.name!r}")
+        self.state, self.link, self.t = state, link, t
+        n_sym = n_symbols_for(state.d)
+        self.rngs = {i: experiment_generator(state.cfg.seed, Stream.CHANNEL, i, t)
+                     for i in asked}
+        probed: dict[int, ChannelState] = {
+            i: link.probe(device=i, round_index=t, n_symbols=n_sym, rng=self.rngs[i])
+            for i in asked}
+        self.n0 = min((s.noise_var for s in probed.values()), default=0.0)
+        #: per device: gain over the upload (path loss included), shape (n_sym,)
+        self.gains = {i: s.gain * (math.sqrt(self.n0 / s.noise_var) if s.noise_var > 0
+                                   else 1.0) for i, s in probed.items()}
+        self.h_hat = {i: complex(g[0]) for i, g in self.gains.items()}
+        self.p_max = state.cfg.power.p_max_w / state.hw.tx_power_ref_w
+
+    def signal_power(self, i: int) -> float:
+        """``E|x|^2`` per symbol of device ``i``'s unscaled values (data-independent bound)."""
+        power = self.state.uplinks[i].expected_power
+        assert power is not None
+        return power
+
+    def plan(self, participants: list[int]) -> tuple[float, dict[int, AirCompEvent]]:
+        """``c`` and each participant's event if exactly ``participants`` transmit."""
+        state, cfg = self.state, self.state.cfg
+        h = np.array([self.h_hat[i] for i in participants])
+        power = max(self.signal_power(i) for i in participants)
+        c = amplitude_for(h, self.p_max, power, len(participants))
+        rho = [np.abs(self.gains[i]) / abs(self.h_hat[i]) for i in participants]
+        recs = [state.record_settings(i) for i in participants]
+        assert all(r is not None for r in recs)
+        trusted = state.uplinks[participants[0]].trusted
+        events = round_events(
+            round_index=self.t, devices=participants,
+            sigma=[state.uplinks[i].sigma for i in participants],
+            rho_lower=[float(r.min()) for r in rho], rho_upper=[float(r.max()) for r in rho],
+            sampling_rate=[r.sampling_rate for r in recs],  # type: ignore[union-attr]
+            expected_batch=[r.expected_batch for r in recs],  # type: ignore[union-attr]
+            dataset_size=[r.dataset_size for r in recs],  # type: ignore[union-attr]
+            example_clip=cfg.privacy.example_clip,
+            receiver_noise_var=trusted * (self.n0 / 2.0) / c**2,
+            colluding=cfg.privacy.colluding_devices,
+            amplified=recs[0].amplified,  # type: ignore[union-attr]
+            relation=cfg.privacy.relation,
+        )
+        return c, dict(zip(participants, events, strict=True))
+
+    def gate(self, asked: list[int]) -> tuple[float, dict[int, AirCompEvent]]:
+        """The participants that pass their budgets when they transmit together (a device
+        refused sits out, and the others are gated again without its noise)."""
+        book = self.state.book
+        participants = sorted(asked)
+        while participants:
+            c, events = self.plan(participants)
+            refused = [i for i, e in events.items() if book is not None and not book.allows(e)]
+            if not refused:
+                return c, events
+            participants = [i for i in participants if i not in refused]
+        return 0.0, {}
+
+    def transmit(self, uploads: dict[int, Upload], c: float) -> np.ndarray:
+        """All participants in one slot; the received symbols ``y`` (``(n_sym,)``)."""
+        order = sorted(uploads)
+        h = np.array([self.h_hat[i] for i in order])
+        power = max(self.signal_power(i) for i in order)
+        eq = pre_equalize(h, c, self.p_max, power)
+        if not eq.participating.all():
+            raise RuntimeError("a gated participant cannot reach the amplitude it was gated at")
+        sent = np.stack([eq.alpha[k] * uploads[i].symbols for k, i in enumerate(order)])
+        gains = np.stack([self.gains[i] for i in order])
+        slot_rng = experiment_generator(self.state.cfg.seed, Stream.AIR_SLOT, 0, self.t)
+        return superpose(sent, gains, self.n0, slot_rng, self.link.noise)
+
+
+def aircomp_round(
+    state: RunState, devices: Devices, link: Link, t: int, asked: list[int],
+    stop: StopSignals, timer: StageTimer,
+) -> tuple[dict[int, dict[str, Any]], np.ndarray | None, list[float], dict[str, Any]] | None:
+    """Round ``t``'s slot among ``asked``: the participants' metrics entries, the decoded
+    sum (``(d,)``; ``None`` when no one transmitted), their training losses and the round's
+    ``aircomp`` metrics. ``None``: no asked device passes its budget."""
+    book = state.book
+    air = AirCompRound(state, link, t, asked)
+    c, events = timer.timed("gate", lambda: air.gate(asked))
+    if not events:
+        return None
+    uploads: dict[int, Upload] = {}
+    for got in devices.ask(t, state.w, dict(events), {}, _no_journal, stop, timer):
+        if not isinstance(got.answer, Upload):
+            raise RuntimeError(f"device {got.device}: aircomp needs every participant's upload "
+                               f"in this process, got {type(got.answer).__name__}")
+        uploads[got.device] = got.answer
+    order = sorted(uploads)
+    entries: dict[int, dict[str, Any]] = {}
+    with stop.critical():
+        nonces = {i: book.begin(events[i]) if book is not None else None for i in order}
+        fault_point("after_intent")
+        y = timer.timed("link", lambda: air.transmit(uploads, c))
+        fault_point("after_transmit")
+        total = symbols_to_reals(y / c, state.d)
+        for i in order:
+            if book is not None:
+                nonce = nonces[i]
+                assert nonce is not None
+                book.commit(events[i], nonce)
+        fault_point("after_commit")
+        sent = sum(symbols_to_reals(uploads[i].symbols, state.d) for i in order)
+        nmse = aggregation_nmse(total, sent)
+        n_sym = n_symbols_for(state.d)
+        slot_s = n_sym / state.hw.symbol_rate_hz
+        report = {"participants": len(order), "amplitude": c, "nmse": nmse,
+                  "nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf,
+                  "slots": 1, "airtime_s": slot_s, "tdma_airtime_s": len(order) * slot_s,
+                  "receiver_noise_var": air.n0}
+        power = max(air.signal_power(i) for i in order)
+        for k, i in enumerate(order):
+            up, ev = uploads[i], events[i]
+            alpha = abs(c / air.h_hat[i])
+            entry: dict[str, Any] = {
+                "device": i, "transmitted": True, "train_loss": up.train_loss,
+                "alpha": alpha, "sigma": state.uplinks[i].sigma, "h_abs": abs(air.h_hat[i]),
+                "rho_upper": ev.gain_ratio_upper, "airtime_s": slot_s,
+                "energy_comm_j": alpha**2 * up.symbol_energy * state.hw.tx_power_ref_w
+                / state.hw.symbol_rate_hz,
+                "energy_comp_j": up.energy_comp_j, "energy_comp_source": up.energy_comp_source,
+                "noise_multiplier": ev.effective_noise_multiplier,
+                "noise_multiplier_all_colluding": ev.noise_multiplier_all_colluding,
+                "aircomp_participants": order, "signal_power": power,
+            }
+            if book is not None:
+                entry |= {f"epsilon_{name}": r.epsilon for name, r in book.epsilon(i).items()}
+            entries[i] = entry
+            # the sum is kept once, under the first participant (the others: None)
+            vec = total if k == 0 else None
+            timer.timed("keep", lambda i=i, vec=vec, e=entry: state.rundir.save_inflight(
+                t, i, vec, e))
+        fault_point("after_inflight")
+    losses = [float(uploads[i].train_loss) for i in order
+              if np.isfinite(uploads[i].train_loss)]
+    return entries, total, losses, report
+
+
+def _no_journal(i: int, event: Any) -> str | None:  # pragma: no cover - never called
+    raise AssertionError("in-process devices are journalled by the aircomp round itself")
+
+
+def usable_kept(kept: dict[int, tuple[np.ndarray | None, dict[str, Any]]]
+                ) -> dict[int, tuple[np.ndarray | None, dict[str, Any]]]:
+    """An interrupted aircomp round's kept entries, with the sum dropped unless every
+    participant of its slot was kept (a partial slot would count the missing devices'
+    contributions twice when they are asked again; dropping it costs no privacy)."""
+    slots = {tuple(info.get("aircomp_participants", ())) for _, info in kept.values()}
+    complete = all(set(s) <= set(kept) for s in slots)
+    return kept if complete else {i: (None, info) for i, (_, info) in kept.items()}

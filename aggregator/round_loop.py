@@ -180,6 +180,7 @@ class RoundLoop:
         line = close_round(state, t, decoded, losses, per_device, timer, t0, self.losses,
                            n_avg=len(selected))
         line |= self.devices.end_round(t)
+        line["uploads"] = sum(1 for d in per_device if d.get("transmitted"))  # one slot
         if report:
             line["aircomp"] = report
         return line

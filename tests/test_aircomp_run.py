@@ -40,7 +40,7 @@ def test_every_round_is_one_slot_and_every_device_stays_within_target(tmp_path: 
     assert all(len(e["others_noise_std"]) == N - 1 for e in events)
     for line in _lines(out / "metrics.jsonl"):
         air = line["aircomp"]
-        assert air["participants"] == N and air["slots"] == 1
+        assert air["participants"] == line["uploads"] == N and air["slots"] == 1
         assert air["tdma_airtime_s"] == pytest.approx(N * air["airtime_s"])
         assert 0 < air["nmse"] < 0.1  # measured about 3e-3 (-25 dB) at the 20 dB default
     privacy = summary["privacy"]
@@ -112,3 +112,13 @@ def test_a_partly_kept_slot_drops_its_sum() -> None:
     assert usable_kept(whole) is whole
     part = usable_kept({0: (total, slot), 1: (None, slot)})
     assert all(vec is None for vec, _ in part.values()) and set(part) == {0, 1}
+
+
+def test_the_lab_processes_refuse_it_before_starting_anything(tmp_path: Path) -> None:
+    from testbed.lab.launch import launch
+
+    with pytest.raises(ConfigError, match="over-the-air aggregation runs in one process"):
+        launch(None, 3, tmp_path / "lab", overrides=["scheme=aircomp", "privacy.noise=upload",
+                                                    "local_steps=1"],
+               hw_overrides=[], round_timeout_s=10, join_timeout_s=10)
+    assert not (tmp_path / "lab").exists()

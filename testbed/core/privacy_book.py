@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -282,19 +281,12 @@ class PrivacyBook:
         """Over-the-air rounds: the trust the budget was enforced under, and the epsilon
         with every other device colluding (own noise and the receiver's only), composed by
         the enforced accountant from the same events (docs/privacy.md section 12)."""
-        acc = RecordAccountant(self.enforce, self.delta,
-                               relation=self.accountants[self.enforce].relation)
-        colluding = set()
-        for e in history:
-            if isinstance(e, AirCompEvent):
-                colluding.add(e.colluding)
-                e = replace(e, colluding=len(e.others_noise_std))
-            acc.add(e)
-        device = history[0].device
-        return {"epsilon_all_colluding": acc.epsilon(device).epsilon,
-                "colluding_devices": sorted(colluding)[-1],
+        colluding = max(e.colluding for e in history if isinstance(e, AirCompEvent))
+        acc = self.accountants[self.enforce]
+        return {"epsilon_all_colluding": acc.epsilon_all_colluding(history[0].device).epsilon,
+                "colluding_devices": colluding,
                 "trust": (f"over-the-air aggregation: the noise of every other device that "
-                          f"transmitted counts, less the {sorted(colluding)[-1]} largest "
+                          f"transmitted counts, less the {colluding} largest "
                           "(privacy.colluding_devices), plus the receiver noise credited; "
                           "epsilon_all_colluding: own noise and the receiver's only")}
 

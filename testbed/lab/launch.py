@@ -245,6 +245,13 @@ def launch(
 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"--out '{out_dir}' exists and is not empty; choose another")
+    cfg = load_experiment(config, [*overrides, f"devices={devices}",
+                                   *([f"hw_config={hw_config}"] if hw_config else [])])
+    if cfg.scheme == "aircomp":
+        from testbed.core.config.aircomp_checks import LAB_REFUSAL
+        from testbed.core.config.loader import ConfigError
+
+        raise ConfigError(LAB_REFUSAL)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     keys = out_dir / "keys"
     generate_keys(keys, devices)
@@ -256,8 +263,6 @@ def launch(
         stopped["signal"] = signum
 
     tb = testbed_command()
-    cfg = load_experiment(config, [*overrides, f"devices={devices}",
-                                   *([f"hw_config={hw_config}"] if hw_config else [])])
     if hw_config is None and fallback is not None:
         hw_config = cfg.hw_config  # every process must read the resolved radios
     hw_path, virtual = (None, False) if hw_config is None else \

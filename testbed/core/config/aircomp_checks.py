@@ -9,6 +9,12 @@ from typing import Any
 AIRCOMP_LINKS = ("symbol",)
 
 
+#: Why the lab processes refuse aircomp in this version (``testbed aggregator``, ``launch``).
+LAB_REFUSAL = ("config key 'scheme': got 'aircomp'; over-the-air aggregation runs in one process "
+               "in this version (testbed run, the symbol link): the lab aggregator and its edges "
+               "(testbed aggregator, edge, launch) send one device per slot so far")
+
+
 def check_aircomp(cfg: Any) -> None:
     """Refuse an aircomp config that the scheme cannot run as asked, naming the key.
 

@@ -76,6 +76,15 @@ def _no_channel_group(event: AnyRecordEvent) -> tuple[str, float, float]:
     return event.derived("no-channel-group", _compute_no_channel_group)
 
 
+def _all_colluding_group(event: AnyRecordEvent) -> tuple[str, float, float]:
+    """The event's group in :meth:`RecordAccountant.epsilon_all_colluding`."""
+    if isinstance(event, AirCompEvent):
+        return ("sgm", event.effective_sampling_rate, event.noise_multiplier_all_colluding)
+    if isinstance(event, LaplaceRecordEvent):
+        return ("laplace", 1.0, event.noise_multiplier)
+    return ("sgm", event.effective_sampling_rate, event.effective_noise_multiplier)
+
+
 
 class RecordAccountant:
     """Keeps each device's record-level events and answers epsilon when asked.
@@ -223,9 +232,20 @@ class RecordAccountant:
     def epsilon_without_channel(self, device: int) -> RecordEpsilon:
         """The same history with no channel credit (``trusted_channel_noise = 0``); Laplace
         events credit none, so they enter as they are."""
+        return self._grouped(device, _no_channel_group)
+
+    def epsilon_all_colluding(self, device: int) -> RecordEpsilon:
+        """The same history with every other device colluding: an over-the-air round
+        (:class:`AirCompEvent`) counts the device's own noise and the receiver's only;
+        other events are the device's own releases and enter as they are."""
+        return self._grouped(device, _all_colluding_group)
+
+    def _grouped(self, device: int, group_of: Any) -> RecordEpsilon:
+        """The device's history composed as one contribution per group ``group_of(event)``
+        (``(kind, q, z)``) of equal events: exact, and one composition per group."""
         counts: dict[tuple[str, float, float], int] = {}
         for event in self._events.get(device, ()):
-            group = _no_channel_group(event)
+            group = group_of(event)
             counts[group] = counts.get(group, 0) + event.steps
         groups = tuple(sorted(counts.items()))
         node = self._node(device)

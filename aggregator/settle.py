@@ -41,7 +41,8 @@ from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 
 #: Per-frame measurements of a slot receiver kept in the metrics line.
-SLOT_INFO = ("slot_start_s", "timing_error_s", "snr_est_db", "cfo_est_hz")
+SLOT_INFO = ("slot_start_s", "timing_error_s", "snr_est_db", "cfo_est_hz", "residual_over_noise_db",
+             "n0_off_frame")
 
 
 def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, float]:

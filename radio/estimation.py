@@ -87,6 +87,53 @@ def estimate_from_pilots(
     )
 
 
+#: Fewest off-frame noise samples for :func:`off_frame_noise` to bound ``N0``.
+MIN_OFF_FRAME_SAMPLES = 32
+
+
+@dataclass(frozen=True)
+class OffFrameNoise:
+    """``N0`` measured where the capture holds no signal (before and after the frame).
+
+    Attributes
+    ----------
+    noise_var, noise_var_lower
+        Point estimate and lower confidence bound (symbol-power units).
+    samples
+        Independent samples used (``m``: ``2 sum |x|^2 / N0 ~ chi2(2 m)``).
+    """
+
+    noise_var: float
+    noise_var_lower: float
+    samples: int
+
+
+def off_frame_noise(mf: np.ndarray, first_peak: float, last_peak: float, sps: int,
+                    n_taps: int, confidence: float) -> OffFrameNoise | None:
+    """``N0`` from the matched-filter output ``mf`` outside a frame, ``None`` when fewer than
+    :data:`MIN_OFF_FRAME_SAMPLES` independent samples are there.
+
+    ``mf`` is the full convolution of the capture with the unit-energy pulse (``n_taps``
+    taps), so its noise has the pilots' variance ``N0`` and, sampled every ``sps`` samples,
+    is white (a Nyquist pulse). Excluded: the first and last ``n_taps`` samples (partial
+    sums at the capture's edges) and everything within ``n_taps + 2 sps`` of the frame's
+    first and last symbol peaks (``first_peak``, ``last_peak``: fractional indices in
+    ``mf``). Interference there (another burst) only raises the estimate. The lower bound
+    is exact: ``2 S / chi2_{1 - a/2}(2 m)`` with ``S = sum |x|^2`` over ``m`` samples.
+    """
+    margin = n_taps + 2 * sps
+    before = np.arange(n_taps, int(np.floor(first_peak - margin)), sps)
+    after = np.arange(int(np.ceil(last_peak + margin)), mf.size - n_taps, sps)
+    idx = np.concatenate([before, after])
+    if idx.size < MIN_OFF_FRAME_SAMPLES:
+        return None
+    total = float(np.sum(np.abs(mf[idx]) ** 2))
+    from scipy import stats  # imported on use (see estimate_from_pilots)
+
+    lower = 2.0 * total / float(stats.chi2.ppf(1.0 - (1.0 - confidence) / 2.0, 2 * idx.size))
+    return OffFrameNoise(total / idx.size, lower, int(idx.size))
+
+
 def smooth_gains(block_gain: np.ndarray, width: int) -> np.ndarray:
     """Centred moving average over ``width`` (odd) blocks, shrinking at the edges."""
     if width <= 1 or block_gain.size < 2:

@@ -13,7 +13,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from radio.estimation import estimate_from_pilots, interpolate_gain, smooth_gains
+from radio.estimation import (
+    estimate_from_pilots,
+    interpolate_gain,
+    off_frame_noise,
+    smooth_gains,
+)
 from radio.framing import FrameLayout, WaveformParams, build_frame, frame_layout
 from radio.link import ChannelState
 from radio.pulse import Interpolant, matched_filter, rrc_taps, shape
@@ -160,6 +165,13 @@ def demodulate(
     # Never credit the receiver's own distortion as noise (see WaveformParams).
     allowance = float(db_to_linear(params.distortion_floor_db)) * mean_gain_power
     credited_lower = max(est.noise_var_lower - allowance, 0.0)
+    # Nor distortion the pilots met on the way (a frame's residual can hold more than
+    # noise): the noise measured off the frame, in the same capture, bounds what is credited.
+    first_peak = t_pre - layout.preamble_start * sps * scale
+    last_peak = t_pre + (layout.n_symbols - 1 - layout.preamble_start) * sps * scale
+    off = off_frame_noise(mf, first_peak, last_peak, sps, taps.size, confidence)
+    if off is not None:
+        credited_lower = min(credited_lower, off.noise_var_lower)
     state = ChannelState(
         gain=gain,
         noise_var=est.noise_var,
@@ -182,6 +194,10 @@ def demodulate(
         "n0_est": est.noise_var,
         "n0_distortion_allowance": allowance,
     }
+    if off is not None:  # how much more than the noise off the frame the residual held
+        info |= {"n0_off_frame": off.noise_var, "off_frame_samples": float(off.samples)}
+        if off.noise_var > 0:
+            info["residual_over_noise_db"] = float(linear_to_db(est.noise_var / off.noise_var))
     return Demodulated(payload=payload, state=state, info=info)
 
 

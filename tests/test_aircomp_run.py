@@ -122,3 +122,14 @@ def test_the_lab_processes_refuse_it_before_starting_anything(tmp_path: Path) ->
                                                     "local_steps=1"],
                hw_overrides=[], round_timeout_s=10, join_timeout_s=10)
     assert not (tmp_path / "lab").exists()
+
+
+def test_the_shipped_config_runs(tmp_path: Path) -> None:
+    """``testbed/config/aircomp-fedsgd.yaml`` on Fashion-MNIST, two rounds (its 900 are
+    measured in docs/aircomp.md)."""
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_experiment(root / "testbed" / "config" / "aircomp-fedsgd.yaml",
+                          ["rounds=2", "eval_samples=500", "eval_every=2"])
+    summary = run_experiment(cfg, tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert all(d["epsilon"] <= 5.0 for d in summary["privacy"]["devices"])

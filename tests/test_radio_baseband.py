@@ -218,3 +218,33 @@ def test_fading_across_the_frame_is_not_credited_as_noise() -> None:
         assert out.state.noise_var_lower < 1.05 * n0
         above += out.state.noise_var_lower > n0
     assert above <= 4  # 2.5% expected at 95% confidence: P(Binomial(40, 0.025) > 4) < 1%
+
+
+def test_distortion_within_the_frame_is_not_credited_as_noise() -> None:
+    """A frame whose pilot residual holds more than noise (here: a tone over a third of it,
+    interference the pilots cannot tell from noise, and no secret): the pilot N0
+    reads well above the true N0, but the receiver credits no more than the noise it
+    measures off the frame in the same capture."""
+    from radio.estimation import off_frame_noise
+
+    p = WaveformParams()
+    rng = np.random.default_rng(8)
+    n0 = 10 ** (-20.0 / 10)
+    x = _payload(4000, rng)
+    tx, _ = modulate(p, x)
+    pad = 3000
+    rx = np.concatenate([np.zeros(pad), tx, np.zeros(pad)])
+    k0, span = pad + tx.size // 3, tx.size // 3
+    rx[k0:k0 + span] += np.sqrt(3 * n0) * np.exp(2j * np.pi * 0.013 * np.arange(span))
+    rx = rx + np.sqrt(n0 / 2) * (rng.standard_normal(rx.size) + 1j * rng.standard_normal(rx.size))
+    out = demodulate(p, rx, x.size)
+    assert out.info["n0_est"] > 1.5 * n0  # the residual counts the jump as noise
+    assert out.info["residual_over_noise_db"] > 1.5
+    assert out.state.noise_var_lower <= n0  # credited: at most the noise off the frame
+    assert out.info["n0_off_frame"] == pytest.approx(n0, rel=0.15)
+    # off the frame alone: white noise of variance N0 at symbol spacing, exact chi-square
+    mf = np.sqrt(n0 / 2) * (rng.standard_normal(20000) + 1j * rng.standard_normal(20000))
+    off = off_frame_noise(mf, 9000.0, 11000.0, 5, 81, 0.95)
+    assert off is not None and off.noise_var == pytest.approx(n0, rel=0.1)
+    assert off.noise_var_lower < n0
+    assert off_frame_noise(mf[:400], 150.0, 250.0, 5, 81, 0.95) is None  # too little

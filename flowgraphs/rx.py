@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gnuradio import blocks, gr, zeromq  # noqa: E402
 from usrp_common import (  # noqa: E402
     build_report,
+    check_loopback_only,
     configure_usrp,
     device_failure,
     device_wanted,
@@ -66,6 +67,7 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
                 self.usrp = virtual_source(args.device_args, args.air_address)
                 self.virtual = self.usrp.device_line()
             else:
+                check_loopback_only(args.device_args)  # the test suite: no discovery off host
                 from gnuradio import uhd  # only here: building without a device never loads UHD
 
                 time_spec = uhd.time_spec

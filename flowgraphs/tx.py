@@ -32,6 +32,7 @@ from burst_tagger import burst_tagger  # noqa: E402
 from gnuradio import blocks, gr, zeromq  # noqa: E402
 from usrp_common import (  # noqa: E402
     build_report,
+    check_loopback_only,
     configure_usrp,
     device_failure,
     device_wanted,
@@ -75,6 +76,7 @@ class tx(gr.top_block):  # noqa: N801 - GRC naming convention
             set_usrp_time(self.sink, args, time_spec, zero_at_pps=False)
             report_applied(self.sink, "tx")
         elif open_device:
+            check_loopback_only(args.device_args)  # the test suite: discovery stays on the host
             from gnuradio import uhd  # only here: building without a device never loads UHD
 
             self.sink = uhd.usrp_sink(

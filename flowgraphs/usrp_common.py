@@ -26,6 +26,7 @@ from gnuradio import gr
 
 # radio.virtual_device from the repository these flowgraphs belong to (standard library).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from radio.uhd_guard import check_loopback_only  # noqa: E402, F401 - for tx.py and rx.py
 from radio.virtual_device import VirtualArgs, is_virtual  # noqa: E402
 
 _AIR_ADDRESS = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")

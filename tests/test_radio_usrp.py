@@ -128,3 +128,25 @@ def test_discovery_off_the_host_is_refused_in_the_test_suite() -> None:
     check_loopback_only("addr=127.0.0.1")
     check_loopback_only(" addr = 127.0.0.1 , type=usrp2")
     check_loopback_only("type=b200,serial=NOTHERE0")  # the USB bus only
+
+
+@pytest.mark.parametrize("flowgraph", ["tx", "rx"])
+def test_the_flowgraphs_refuse_a_lab_address_before_loading_uhd(flowgraph: str) -> None:
+    """The tx and rx flowgraphs the suite starts inherit TESTBED_UHD_LOOPBACK_ONLY=1: asked
+    to open a lab address they refuse before constructing a UHD block (no discovery)."""
+    import subprocess
+    from pathlib import Path
+
+    from radio.flowgraph_process import SYSTEM_PYTHON
+    from tests.radio_helpers import require_gnuradio
+
+    require_gnuradio()
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [SYSTEM_PYTHON, str(root / "flowgraphs" / f"{flowgraph}.py"), "--build-only",
+         "--open-device", "--device-args", "addr=192.168.10.11"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "discovery would leave the host" in out.stderr

@@ -1,18 +1,9 @@
-"""Averaging of decoded differentials and the global update (003 Algorithm 1, line 15)."""
+"""The global update (003 Algorithm 1, line 15); the averaging is the scheme's ``combine``
+(:func:`testbed.core.scheme_api.federation_mean` for every built-in)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-
-from testbed.core.scheme_api import federation_mean
-
-
-def average(differentials: Sequence[np.ndarray], n_devices: int) -> np.ndarray:
-    """``(1/N) sum_i g_i`` (:func:`testbed.core.scheme_api.federation_mean`, what every
-    built-in scheme's ``combine`` is)."""
-    return federation_mean(differentials, n_devices)
 
 
 def global_update(w: np.ndarray, mean_differential: np.ndarray, lr: float) -> np.ndarray:

@@ -75,18 +75,18 @@ class AirCompRound:
         self.h_hat = {i: complex(g[0]) for i, g in self.gains.items()}
         self.p_max = state.cfg.power.p_max_w / state.hw.tx_power_ref_w
 
-    def signal_power(self, i: int) -> float:
-        """``E|x|^2`` per symbol of device ``i``'s unscaled values (data-independent bound)."""
-        power = self.state.uplinks[i].expected_power
-        assert power is not None
-        return power
+    def signal_power(self, devices: list[int]) -> float:
+        """The bound on ``E|x|^2`` per symbol of the unscaled values (data-independent),
+        the largest over ``devices``: every participant is scaled against it."""
+        powers = [self.state.uplinks[i].expected_power for i in devices]
+        assert all(p is not None for p in powers)
+        return max(powers)  # type: ignore[type-var]
 
     def plan(self, participants: list[int]) -> tuple[float, dict[int, AirCompEvent]]:
         """``c`` and each participant's event if exactly ``participants`` transmit."""
         state, cfg = self.state, self.state.cfg
         h = np.array([self.h_hat[i] for i in participants])
-        power = max(self.signal_power(i) for i in participants)
-        c = amplitude_for(h, self.p_max, power, len(participants))
+        c = amplitude_for(h, self.p_max, self.signal_power(participants), len(participants))
         rho = [np.abs(self.gains[i]) / abs(self.h_hat[i]) for i in participants]
         recs = [state.record_settings(i) for i in participants]
         assert all(r is not None for r in recs)
@@ -123,8 +123,7 @@ class AirCompRound:
         """All participants in one slot; the received symbols ``y`` (``(n_sym,)``)."""
         order = sorted(uploads)
         h = np.array([self.h_hat[i] for i in order])
-        power = max(self.signal_power(i) for i in order)
-        eq = pre_equalize(h, c, self.p_max, power)
+        eq = pre_equalize(h, c, self.p_max, self.signal_power(order))
         if not eq.participating.all():
             raise RuntimeError("a gated participant cannot reach the amplitude it was gated at")
         sent = np.stack([eq.alpha[k] * uploads[i].symbols for k, i in enumerate(order)])
@@ -173,7 +172,7 @@ def aircomp_round(
                   "nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf,
                   "slots": 1, "airtime_s": slot_s, "tdma_airtime_s": len(order) * slot_s,
                   "receiver_noise_var": air.n0}
-        power = max(air.signal_power(i) for i in order)
+        power = air.signal_power(order)
         for k, i in enumerate(order):
             up, ev = uploads[i], events[i]
             alpha = abs(c / air.h_hat[i])

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.aggregate import average, global_update
+from aggregator.aggregate import global_update
 from testbed.core.config.loader import load_experiment
 from testbed.core.curve_keys import generate_keys
 from testbed.core.protocol import Message, ProtocolError, decode, encode
+from testbed.core.scheme_api import federation_mean
 from testbed.core.secagg.device import SecAggDevice
 from testbed.core.secagg.server import SecAggServer
 from testbed.core.secagg_wire import (
@@ -191,7 +192,7 @@ def _check_sums(run: Path, edges: dict[int, Path], r: int) -> list[np.ndarray]:
             assert np.array_equal(models[t + 1], models[t])
             continue
         summed = [_kept(edges[i], t)["update"] for i in line["secagg"]["masked"]]
-        step = average([_exact_sum(summed, r)], r)
+        step = federation_mean([_exact_sum(summed, r)], r)
         assert np.array_equal(global_update(models[t], step, lr), models[t + 1]), t
     return models
 

@@ -172,7 +172,7 @@ def test_a_combine_only_scheme_keeps_the_bases_privacy_events(tmp_path: Path) ->
     assert len(clean["own"]) == 9 and clean["own"] == clean["builtin"]
 
 
-def test_example_majority_vote_learns_without_a_run_directory_lie(tmp_path: Path,
+def test_the_majority_vote_example_learns(tmp_path: Path,
                                                                    monkeypatch) -> None:
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(repo)

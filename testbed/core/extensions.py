@@ -78,6 +78,23 @@ def check_import_syntax(key: str, value: str, builtins: Sequence[str]) -> None:
     )
 
 
+def absolute_paths(paths: Sequence[str]) -> list[str]:
+    """``extensions_path`` entries as stored: each expanded and made absolute against the
+    current directory.
+
+    Raises
+    ------
+    ValueError
+        An empty entry.
+    """
+    out = []
+    for p in paths:
+        if not p:
+            raise ValueError("allowed: directory paths (an empty string is not one)")
+        out.append(str(Path(p).expanduser().absolute()))
+    return out
+
+
 def add_search_path(paths: Sequence[str]) -> None:
     """Put ``paths`` (``extensions_path``) first on ``sys.path``, each once, in order."""
     for p in reversed([str(x) for x in paths]):

@@ -278,17 +278,14 @@ class PrivacyBook:
         return out
 
     def _aircomp_figures(self, history: tuple[Any, ...]) -> dict[str, Any]:
-        """Over-the-air rounds: the trust the budget was enforced under, and the epsilon
-        with every other device colluding (own noise and the receiver's only), composed by
-        the enforced accountant from the same events (docs/privacy.md section 12)."""
+        """Over-the-air rounds: the colluders the budget was enforced under (the summary's
+        ``privacy.trust`` says it in words), and the epsilon with every other device
+        colluding (own noise and the receiver's only), composed by the enforced accountant
+        from the same events (docs/privacy.md section 12)."""
         colluding = max(e.colluding for e in history if isinstance(e, AirCompEvent))
         acc = self.accountants[self.enforce]
         return {"epsilon_all_colluding": acc.epsilon_all_colluding(history[0].device).epsilon,
-                "colluding_devices": colluding,
-                "trust": (f"over-the-air aggregation: the noise of every other device that "
-                          f"transmitted counts, less the {colluding} largest "
-                          "(privacy.colluding_devices), plus the receiver noise credited; "
-                          "epsilon_all_colluding: own noise and the receiver's only")}
+                "colluding_devices": colluding}
 
     def close(self) -> None:
         self.ledger.close()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from testbed.core.extensions import ExtensionError, is_import_string, resolve
+from testbed.core.extensions import ExtensionError, absolute_paths, is_import_string, resolve
 
 if TYPE_CHECKING:
     from testbed.core.config.experiment import ExperimentConfig
@@ -199,11 +199,9 @@ def split_scheme_import(data: Any) -> Any:
         return data
     if not isinstance(spec, str) or not is_import_string(spec):
         raise ValueError(f"scheme_class: got {spec!r}; allowed: 'package.module:Class'")
-    from pathlib import Path
-
-    paths = data.get("extensions_path") or []
-    paths = [str(Path(p).expanduser().absolute()) for p in paths if isinstance(p, str) and p]
-    cls = load_scheme_class(spec, paths)
+    raw = data.get("extensions_path") or []
+    # as the field will store them (its own validator refuses what is not a path)
+    cls = load_scheme_class(spec, absolute_paths([p for p in raw if isinstance(p, str) and p]))
     if isinstance(scheme, str) and not is_import_string(scheme) and scheme != cls.base:
         raise ValueError(
             f"scheme: {scheme!r} but scheme_class {spec!r} declares base {cls.base!r}; set "

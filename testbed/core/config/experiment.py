@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -39,7 +38,7 @@ from testbed.core.config.sections import (
     PrivacyConfig,
     _Strict,
 )
-from testbed.core.extensions import check_import_syntax, is_import_string
+from testbed.core.extensions import absolute_paths, check_import_syntax, is_import_string
 from testbed.core.scheme_api import check_scheme_class, split_scheme_import
 
 SCHEMES = (
@@ -321,12 +320,7 @@ class ExperimentConfig(_Strict):
     @field_validator("extensions_path")
     @classmethod
     def _absolute_paths(cls, v: list[str]) -> list[str]:
-        out = []
-        for p in v:
-            if not p:
-                raise ValueError("allowed: directory paths (an empty string is not one)")
-            out.append(str(Path(p).expanduser().absolute()))
-        return out
+        return absolute_paths(v)
 
     @field_validator("snr_db", mode="before")
     @classmethod

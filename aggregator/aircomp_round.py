@@ -1,8 +1,9 @@
-"""One round of over-the-air aggregation (scheme ``aircomp``) on the symbol link.
+"""One round of over-the-air aggregation (scheme ``aircomp``).
 
-1. **probe** every asked device's channel for the round (its pilot: the gain at the start
-   of its upload is what it pre-equalizes with; a channel that changes within the upload
-   leaves a misalignment the accountant charges);
+1. **probe** every asked device's path for the round (:mod:`aggregator.aircomp_slot`: on
+   the symbol link the drawn gain, on a waveform link a pilot frame per device; a device
+   pre-equalizes with that estimate, and a channel that changes within the upload or an
+   estimate's error leaves a misalignment the accountant bounds);
 2. **amplitude and gate**: the common received amplitude ``c`` is the largest every
    participant can reach within ``power.p_max_w`` (:func:`radio.aircomp.amplitude_for`);
    each participant's :class:`~testbed.core.privacy.aircomp_events.AirCompEvent` (its own
@@ -11,15 +12,11 @@
    gated again, since its noise no longer protects them;
 3. **ask** the participants for their noisy values (each trains and adds its share);
 4. **journal** every participant's intent, then all transmit **in one slot**:
-   ``y = sum_j h_j (c / h_hat_j) x_j + n`` (:func:`radio.aircomp.superpose`), with the
-   receiver noise of the link's source (the OS CSPRNG where it is credited);
+   ``y = sum_j h_j (c / h_hat_j) x_j + n``, with the receiver noise of the link's source
+   (the OS CSPRNG where it is credited);
 5. **decode** ``y / c`` (the sum), **record** every event, keep the round in ``inflight/``
    and report the aggregation error (NMSE of the received sum against the sum sent), the
-   slot's air time and what TDMA would have taken.
-
-The receiver's noise ``N0`` is the best device's (the highest ``snr_db``); a device with a
-lower ``snr_db`` arrives through a correspondingly weaker gain (path loss), so each device
-still sees its configured SNR at unit power and unit fading gain.
+   slot's and the pilots' air time and what TDMA would have taken.
 """
 
 from __future__ import annotations
@@ -29,17 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.aircomp_slot import make_slot
 from aggregator.devices import Devices, Upload
 from aggregator.state import RunState
-from radio.aircomp import aggregation_nmse, amplitude_for, pre_equalize, superpose
+from radio.aircomp import aggregation_nmse, amplitude_for, pre_equalize
 from radio.analog import n_symbols_for, symbols_to_reals
-from radio.link import ChannelState, Link
-from radio.symbol_link import SymbolLink
+from radio.link import Link
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.aircomp_noise import round_events
-from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.stage_timer import StageTimer
 
 
@@ -59,20 +55,11 @@ class AirCompRound:
     """
 
     def __init__(self, state: RunState, link: Link, t: int, asked: list[int]) -> None:
-        if not isinstance(link, SymbolLink):
-            raise TypeError(f"scheme aircomp runs on the symbol link, not {link.name!r}")
         self.state, self.link, self.t = state, link, t
-        n_sym = n_symbols_for(state.d)
-        self.rngs = {i: experiment_generator(state.cfg.seed, Stream.CHANNEL, i, t)
-                     for i in asked}
-        probed: dict[int, ChannelState] = {
-            i: link.probe(device=i, round_index=t, n_symbols=n_sym, rng=self.rngs[i])
-            for i in asked}
-        self.n0 = min((s.noise_var for s in probed.values()), default=0.0)
-        #: per device: gain over the upload (path loss included), shape (n_sym,)
-        self.gains = {i: s.gain * (math.sqrt(self.n0 / s.noise_var) if s.noise_var > 0
-                                   else 1.0) for i, s in probed.items()}
-        self.h_hat = {i: complex(g[0]) for i, g in self.gains.items()}
+        self.n_sym = n_symbols_for(state.d)
+        timing = state.hw.waveform.aircomp_timing_error_samples
+        self.slot = make_slot(link, state.cfg.seed, t, asked, self.n_sym, timing)
+        self.h_hat = self.slot.h_hat
         self.p_max = state.cfg.power.p_max_w / state.hw.tx_power_ref_w
 
     def signal_power(self, devices: list[int]) -> float:
@@ -87,22 +74,23 @@ class AirCompRound:
         state, cfg = self.state, self.state.cfg
         h = np.array([self.h_hat[i] for i in participants])
         c = amplitude_for(h, self.p_max, self.signal_power(participants), len(participants))
-        rho = [np.abs(self.gains[i]) / abs(self.h_hat[i]) for i in participants]
+        rho = [self.slot.rho_bounds(i) for i in participants]
         recs = [state.record_settings(i) for i in participants]
         assert all(r is not None for r in recs)
         trusted = state.uplinks[participants[0]].trusted
         events = round_events(
             round_index=self.t, devices=participants,
             sigma=[state.uplinks[i].sigma for i in participants],
-            rho_lower=[float(r.min()) for r in rho], rho_upper=[float(r.max()) for r in rho],
+            rho_lower=[r[0] for r in rho], rho_upper=[r[1] for r in rho],
             sampling_rate=[r.sampling_rate for r in recs],  # type: ignore[union-attr]
             expected_batch=[r.expected_batch for r in recs],  # type: ignore[union-attr]
             dataset_size=[r.dataset_size for r in recs],  # type: ignore[union-attr]
             example_clip=cfg.privacy.example_clip,
-            receiver_noise_var=trusted * (self.n0 / 2.0) / c**2,
+            receiver_noise_var=trusted * (self.slot.n0_lower / 2.0) / c**2,
             colluding=cfg.privacy.colluding_devices,
             amplified=recs[0].amplified,  # type: ignore[union-attr]
             relation=cfg.privacy.relation,
+            bound_failure_prob=self.slot.failure_prob(len(participants), trusted > 0),
         )
         return c, dict(zip(participants, events, strict=True))
 
@@ -110,7 +98,7 @@ class AirCompRound:
         """The participants that pass their budgets when they transmit together (a device
         refused sits out, and the others are gated again without its noise)."""
         book = self.state.book
-        participants = sorted(asked)
+        participants = sorted(i for i in asked if i in self.h_hat)  # pilot received
         while participants:
             c, events = self.plan(participants)
             refused = [i for i, e in events.items() if book is not None and not book.allows(e)]
@@ -119,17 +107,18 @@ class AirCompRound:
             participants = [i for i in participants if i not in refused]
         return 0.0, {}
 
-    def transmit(self, uploads: dict[int, Upload], c: float) -> np.ndarray:
-        """All participants in one slot; the received symbols ``y`` (``(n_sym,)``)."""
+    def transmit(self, uploads: dict[int, Upload], c: float) -> np.ndarray | None:
+        """All participants in one slot; the decoded sum ``y / c`` (``(n_sym,)``, complex),
+        ``None`` when the slot's frame was lost."""
         order = sorted(uploads)
         h = np.array([self.h_hat[i] for i in order])
-        eq = pre_equalize(h, c, self.p_max, self.signal_power(order))
+        power = self.signal_power(order)
+        eq = pre_equalize(h, c, self.p_max, power)
         if not eq.participating.all():
             raise RuntimeError("a gated participant cannot reach the amplitude it was gated at")
-        sent = np.stack([eq.alpha[k] * uploads[i].symbols for k, i in enumerate(order)])
-        gains = np.stack([self.gains[i] for i in order])
-        slot_rng = experiment_generator(self.state.cfg.seed, Stream.AIR_SLOT, 0, self.t)
-        return superpose(sent, gains, self.n0, slot_rng, self.link.noise)
+        alpha = {i: complex(eq.alpha[k]) for k, i in enumerate(order)}
+        return self.slot.transmit({i: uploads[i].symbols for i in order}, alpha, c, self.t,
+                                  power)
 
 
 def aircomp_round(
@@ -157,21 +146,24 @@ def aircomp_round(
         fault_point("after_intent")
         y = timer.timed("link", lambda: air.transmit(uploads, c))
         fault_point("after_transmit")
-        total = symbols_to_reals(y / c, state.d)
+        total = None if y is None else symbols_to_reals(y, state.d)
         for i in order:
             if book is not None:
                 nonce = nonces[i]
                 assert nonce is not None
                 book.commit(events[i], nonce)
         fault_point("after_commit")
-        sent = sum(symbols_to_reals(uploads[i].symbols, state.d) for i in order)
-        nmse = aggregation_nmse(total, sent)
-        n_sym = n_symbols_for(state.d)
-        slot_s = n_sym / state.hw.symbol_rate_hz
-        report = {"participants": len(order), "amplitude": c, "nmse": nmse,
-                  "nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf,
-                  "slots": 1, "airtime_s": slot_s, "tdma_airtime_s": len(order) * slot_s,
-                  "receiver_noise_var": air.n0}
+        slot_s = air.slot.slot_airtime_s(air.n_sym, state.hw.symbol_rate_hz)
+        report: dict[str, Any] = {
+            "participants": len(order), "amplitude": c, "slots": 1, "airtime_s": slot_s,
+            "pilot_airtime_s": air.slot.pilot_airtime_s,
+            "tdma_airtime_s": len(order) * slot_s, "receiver_noise_var": air.slot.n0_lower,
+            "lost": total is None}
+        if total is not None:
+            sent = sum(symbols_to_reals(uploads[i].symbols, state.d) for i in order)
+            nmse = aggregation_nmse(total, sent)
+            report |= {"nmse": nmse,
+                       "nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf}
         power = air.signal_power(order)
         for k, i in enumerate(order):
             up, ev = uploads[i], events[i]

@@ -93,11 +93,36 @@ class FrameLink(Link):
         carried = self._carry(tx, device=device, round_index=round_index, rng=rng)
         return self._receive(carried, x.size, device=device, round_index=round_index)
 
-    def _receive(
+    def carry_air(self, samples: np.ndarray, *, noise_var: float,
+                  rng: np.random.Generator) -> Carried:
+        """Put ``samples`` (already the superposition of every transmitter's path, with
+        leading and trailing silence) through the medium with the receiver's noise only,
+        ``N0 = noise_var`` per sample: no random delay, carrier offset or fading of the
+        medium's own (one AirComp slot, :mod:`radio.aircomp_air`).
+
+        Raises
+        ------
+        NotImplementedError
+            This link carries no superposed slot.
+        """
+        raise NotImplementedError(f"the {self.name} link carries no superposed AirComp slot")
+
+    def receive(
         self, carried: Carried, n_payload: int, *, device: int, round_index: int
     ) -> Reception:
+        """Demodulate what :meth:`carry_air` returned, on the receiver's own frequency
+        reference (a shared reference: no offset to estimate); a lost frame:
+        :class:`LinkError`."""
+        return self._receive(carried, n_payload, device=device, round_index=round_index,
+                             known_cfo_hz=0.0)
+
+    def _receive(
+        self, carried: Carried, n_payload: int, *, device: int, round_index: int,
+        known_cfo_hz: float | None = None,
+    ) -> Reception:
         try:
-            demod = demodulate(self.waveform, carried.samples, n_payload, self.confidence)
+            demod = demodulate(self.waveform, carried.samples, n_payload, self.confidence,
+                               known_cfo_hz)
         except SyncError as exc:
             raise LinkError(
                 f"{self.name} link: upload of device {device}, round {round_index} lost: {exc}"

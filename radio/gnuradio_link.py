@@ -181,21 +181,41 @@ class GnuradioLink(FrameLink):
             rng.uniform(-self.emulator.cfo_spread_hz, self.emulator.cfo_spread_hz)
         )
         delay = int(rng.integers(0, int(self.emulator.delay_max_samples) + 1))
+        buffer = np.concatenate(
+            [np.zeros(delay), samples, np.zeros(self.emulator.tail_samples)]
+        )
+        rx = self._stream(buffer, n0, cfo / fs, device, round_index)
+        info = {"noise_var_true": n0, "cfo_true_hz": cfo, "delay_true_samples": float(delay)}
+        return Carried(rx.astype(np.complex128), buffer.size, rx.size, info)
+
+    def carry_air(self, samples: np.ndarray, *, noise_var: float,
+                  rng: np.random.Generator) -> Carried:
+        """The slot's samples through the flowgraph with noise voltage ``sqrt(noise_var)``
+        and no frequency offset (a shared reference); its fading, if on, still applies."""
+        if self.process is None:
+            raise LinkFailed("gnuradio link is closed")
+        buffer = np.asarray(samples, dtype=np.complex128)
+        rx = self._stream(buffer, noise_var, 0.0, -1, -1)
+        return Carried(rx.astype(np.complex128), buffer.size, rx.size,
+                       {"noise_var_true": float(noise_var)})
+
+    def _stream(self, buffer: np.ndarray, n0: float, cfo_norm: float, device: int,
+                round_index: int) -> np.ndarray:
+        """``buffer`` through the flowgraph at noise ``n0`` per sample and normalised
+        frequency offset ``cfo_norm``; what came back, ``complex`` ``(buffer.size,)``."""
+        assert self.process is not None
         preroll = 0
         try:
             if np.sqrt(n0) != self._noise_voltage:
                 preroll = SETTLE_SAMPLES
                 self._set("set_noise_voltage", np.sqrt(n0))
                 self._noise_voltage = float(np.sqrt(n0))
-            if cfo / fs != self._cfo_norm:
+            if cfo_norm != self._cfo_norm:
                 preroll = SETTLE_SAMPLES
-                self._set("set_frequency_offset", cfo / fs)
-                self._cfo_norm = cfo / fs
-            buffer = np.concatenate(
-                [np.zeros(delay), samples, np.zeros(self.emulator.tail_samples)]
-            )
+                self._set("set_frequency_offset", cfo_norm)
+                self._cfo_norm = cfo_norm
             timeout = self.stream_timeout_s + buffer.size / 2e5
-            rx = self.stream.exchange(
+            return self.stream.exchange(
                 buffer, timeout_s=timeout, preroll=preroll, alive=self.process.check_alive
             )
         except (FlowgraphError, StreamBroken) as exc:
@@ -204,8 +224,6 @@ class GnuradioLink(FrameLink):
             ) from exc
         except StreamTimeout as exc:
             raise self._timeout_error(exc, device, round_index) from exc
-        info = {"noise_var_true": n0, "cfo_true_hz": cfo, "delay_true_samples": float(delay)}
-        return Carried(rx.astype(np.complex128), buffer.size, rx.size, info)
 
     def _timeout_error(self, exc: StreamTimeout, device: int, round_index: int) -> LinkError:
         """A late upload is lost; a flowgraph that produced nothing at all is dead."""

@@ -8,7 +8,7 @@ pilots and returns the synchronised (not equalised) payload with the channel sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -95,7 +95,8 @@ class Demodulated:
 
 
 def demodulate(
-    params: WaveformParams, samples: np.ndarray, n_payload: int, confidence: float = 0.95
+    params: WaveformParams, samples: np.ndarray, n_payload: int, confidence: float = 0.95,
+    known_cfo_hz: float | None = None,
 ) -> Demodulated:
     """Receive one frame of ``n_payload`` payload symbols from ``samples``.
 
@@ -108,6 +109,10 @@ def demodulate(
         Payload length the control plane announced.
     confidence
         Confidence level of the ``N0`` interval and of the gain upper bound.
+    known_cfo_hz
+        The frequency offset when the receiver knows it (a shared reference: 0); ``None``
+        estimates it from the preamble. A known offset keeps the phase of every frame on
+        the receiver's own reference (over-the-air aggregation pre-equalizes with it).
 
     Raises
     ------
@@ -119,7 +124,7 @@ def demodulate(
     taps = pulse_taps(params)
     delay = (taps.size - 1) // 2
     r = np.asarray(samples, dtype=np.complex128)
-    coarse, r, mf, t_pre = _lock(r, params, taps)
+    coarse, r, mf, t_pre = _lock(r, params, taps, known_cfo_hz)
     span = layout.postamble_start - layout.preamble_start
     post_guess = t_pre + span * sps
     slack = int(np.ceil(span * sps * MAX_SRO_PPM * 1e-6)) + 2 * sps
@@ -181,7 +186,8 @@ def demodulate(
         confidence=confidence,
         gain_power_upper=est.gain_power_upper,
     )
-    cfo_hz = coarse.cfo_hz + _residual_cfo_hz(est.block_gain, params, scale)
+    cfo_hz = coarse.cfo_hz + (0.0 if known_cfo_hz is not None
+                              else _residual_cfo_hz(est.block_gain, params, scale))
     frame_start = t_pre - 2 * delay - layout.preamble_start * sps
     info = {
         "snr_est_db": float(linear_to_db(mean_gain_power / est.noise_var)),
@@ -274,7 +280,7 @@ def _residual_cfo_hz(block_gain: np.ndarray, params: WaveformParams, scale: floa
 
 
 def _lock(
-    r: np.ndarray, params: WaveformParams, taps: np.ndarray
+    r: np.ndarray, params: WaveformParams, taps: np.ndarray, known_cfo_hz: float | None = None,
 ) -> tuple[Coarse, np.ndarray, np.ndarray, float]:
     """Try the preamble candidates, best first; keep the first whose correlation verifies.
 
@@ -285,6 +291,8 @@ def _lock(
     delay = (taps.size - 1) // 2
     best_rho = 0.0
     for cand in coarse_sync(r, params):
+        if known_cfo_hz is not None:
+            cand = replace(cand, cfo_hz=float(known_cfo_hz))
         corrected = correct_cfo(r, cand.cfo_hz, params.sample_rate_hz)
         mf = matched_filter(corrected, taps)
         # The repetition window starts within about a pulse length of the first preamble

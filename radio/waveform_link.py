@@ -95,6 +95,16 @@ class WaveformLink(FrameLink):
         # In-process: the emulated channel's output is received whole.
         return Carried(rx, rx.size, rx.size, info)
 
+    def carry_air(self, samples: np.ndarray, *, noise_var: float,
+                  rng: np.random.Generator) -> Carried:
+        """The slot's samples plus the receiver's white noise (from :attr:`noise`)."""
+        if self.replay_dir is not None:
+            raise NotImplementedError("a replayed waveform link carries no AirComp slot")
+        rx = np.asarray(samples, dtype=np.complex128)
+        if noise_var > 0:
+            rx = rx + self.noise.complex_normal(rx.size, noise_var, rng)
+        return Carried(rx, rx.size, rx.size, {"noise_var_true": float(noise_var)})
+
     def transmit(
         self,
         *,

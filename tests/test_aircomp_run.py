@@ -91,7 +91,7 @@ def test_a_misestimated_channel_is_charged_and_the_budget_holds(
 @pytest.mark.parametrize(("extra", "words"), [
     (["privacy.noise=per-step"], "privacy.noise: got 'per-step'; scheme aircomp needs 'upload'"),
     (["privacy.unit=device"], "privacy.unit: got 'device'; scheme aircomp needs 'record'"),
-    (["link=waveform"], "link: got 'waveform'; scheme aircomp runs on ('symbol',)"),
+    (["link=usrp"], "link: got 'usrp'; scheme aircomp runs on ('symbol', 'waveform', "),
     ([f"privacy.colluding_devices={N}"], "privacy.colluding_devices: got 10; at most"),
 ])
 def test_configs_aircomp_cannot_run_are_refused(extra: list[str], words: str) -> None:

@@ -71,9 +71,17 @@ def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool
     Raises
     ------
     ConfigError
-        ``record`` asked of a link that carries no I/Q samples (``symbol``).
+        ``record`` asked of a link that carries no I/Q samples (``symbol``); scheme
+        ``aircomp`` on a link or channel it cannot run on.
     """
     name = link_name(exp, hw)
+    if exp.scheme == "aircomp":
+        from testbed.core.config.aircomp_checks import check_aircomp_link
+
+        try:
+            check_aircomp_link(exp, hw, name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if record and name not in RECORDING_LINKS:
         raise ConfigError(
             f"config key 'record': got true, but link '{name}' carries symbols, not I/Q "

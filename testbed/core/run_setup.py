@@ -12,7 +12,7 @@ import torch
 
 from testbed.core.channel_credit import calibration_config, credited_config
 from testbed.core.compute import resolve_device
-from testbed.core.config.aircomp_checks import AIRCOMP_LINKS
+from testbed.core.config.aircomp_checks import check_aircomp_link
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.link import link_name
@@ -198,10 +198,11 @@ def device_settings(
     distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
     one calibration, not 10,000. A plan lists every device and is read as it is.
     """
-    if cfg.scheme == "aircomp" and link_name(cfg, hw) not in AIRCOMP_LINKS:
-        raise ConfigError(
-            f"config key 'link': {link_name(cfg, hw)!r} (hardware config {hw.name!r}); scheme "
-            f"aircomp runs on {', '.join(AIRCOMP_LINKS)} in this version: set link=symbol")
+    if cfg.scheme == "aircomp":
+        try:
+            check_aircomp_link(cfg, hw, link_name(cfg, hw))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     credited = credited_config(cfg, hw)  # seeded channel noise is never credited
     cfg = calibration_config(credited, hw)  # estimated links: credited after reception
     if cfg is not credited:

@@ -473,9 +473,13 @@ class ExperimentConfig(_Strict):
     def n0_confidence(self) -> float:
         """Two-sided confidence of estimated channel bounds (``privacy.n0_confidence``, or
         ``1 - delta / (20 rounds)``: each upload's two bounds fail with probability at most
-        ``2 (1 - c)``, so over ``rounds`` uploads at most ``delta / 10``)."""
+        ``2 (1 - c)``, so over ``rounds`` uploads at most ``delta / 10``; scheme aircomp:
+        ``1 - delta / (10 (devices + 1) rounds)``, since a round's events rest on one
+        interval per participant and the receiver's ``N0`` bound)."""
         if self.privacy.n0_confidence is not None:
             return self.privacy.n0_confidence
+        if self.scheme == "aircomp":
+            return 1.0 - self.privacy.delta / (10.0 * (self.devices + 1) * self.rounds)
         return 1.0 - self.privacy.delta / (20.0 * self.rounds)
 
     def snr_db_per_device(self) -> list[float]:

@@ -80,6 +80,10 @@ class WaveformSection(_Strict):
     )
     sro_ppm: float = Field(0.0, ge=-200, le=200, description="emulated sample-rate offset")
     tail_samples: int = Field(256, ge=0, le=10_000_000)
+    aircomp_timing_error_samples: float = Field(
+        0.05, ge=0, le=1.0, description=(
+            "scheme aircomp: bound on each device's burst timing error in the shared slot "
+            "(samples; a shared PPS aligns bursts to tens of ns, 0.05 samples at 1 MS/s)"))
 
     @model_validator(mode="after")
     def _odd_even(self) -> WaveformSection:

@@ -21,10 +21,14 @@ from testbed.core.privacy.aircomp_events import AirCompEvent
 
 
 def share_sigma(z: float, *, devices: int, colluding: int, example_clip: float,
-                expected_batch: float, receiver_noise_var: float = 0.0) -> float:
+                expected_batch: float, receiver_noise_var: float = 0.0,
+                others_margin: float = 1.0) -> float:
     """Each device's noise std (value units) so that the aggregate meets multiplier ``z``.
 
     ``colluding = devices - 1`` gives every device the whole noise itself (local DP).
+    ``others_margin`` (in ``(0, 1]``) is the expected ``(rho_lo / rho_hi)^2`` of the
+    others' credited noise against a device's own gain bound (1 with known channels): the
+    shares solve ``sigma^2 (1 + (devices - 1 - colluding) margin) = (z C / B)^2 - n``.
 
     Raises
     ------
@@ -37,8 +41,11 @@ def share_sigma(z: float, *, devices: int, colluding: int, example_clip: float,
     if not (z > 0 and example_clip > 0 and expected_batch > 0 and receiver_noise_var >= 0):
         raise ValueError("z, example_clip and expected_batch must be > 0, the receiver "
                          "noise >= 0")
+    if not 0 < others_margin <= 1:
+        raise ValueError(f"others_margin must lie in (0, 1], got {others_margin}")
     target = (z * example_clip / expected_batch) ** 2
-    return math.sqrt(max(0.0, target - receiver_noise_var) / (devices - colluding))
+    shares = 1.0 + (devices - 1 - colluding) * others_margin
+    return math.sqrt(max(0.0, target - receiver_noise_var) / shares)
 
 
 def round_events(

@@ -30,6 +30,7 @@ from aggregator.aircomp_slot import make_slot
 from aggregator.devices import Devices, Upload
 from aggregator.state import RunState
 from radio.aircomp import aggregation_nmse, amplitude_for, pre_equalize
+from radio.aircomp_air import probe_nmse
 from radio.analog import n_symbols_for, symbols_to_reals
 from radio.link import Link
 from testbed.core.faults import fault_point
@@ -146,7 +147,7 @@ def aircomp_round(
         fault_point("after_intent")
         y = timer.timed("link", lambda: air.transmit(uploads, c))
         fault_point("after_transmit")
-        total = None if y is None else symbols_to_reals(y, state.d)
+        total = None if y is None else symbols_to_reals(y[:air.n_sym], state.d)
         for i in order:
             if book is not None:
                 nonce = nonces[i]
@@ -157,13 +158,14 @@ def aircomp_round(
         report: dict[str, Any] = {
             "participants": len(order), "amplitude": c, "slots": 1, "airtime_s": slot_s,
             "pilot_airtime_s": air.slot.pilot_airtime_s,
-            "tdma_airtime_s": len(order) * slot_s, "receiver_noise_var": air.slot.n0_lower,
+            "tdma_airtime_s": len(order) * air.slot.slot_airtime_s(
+                air.n_sym, state.hw.symbol_rate_hz, probe=False), "receiver_noise_var": air.slot.n0_lower,
             "lost": total is None}
-        if total is not None:
+        if y is not None:
             sent = sum(symbols_to_reals(uploads[i].symbols, state.d) for i in order)
-            nmse = aggregation_nmse(total, sent)
-            report |= {"nmse": nmse,
-                       "nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf}
+            report |= _nmse_fields("", aggregation_nmse(total, sent))
+            probe = probe_nmse(y[air.n_sym:], t, order, math.sqrt(air.signal_power(order)))
+            report |= _nmse_fields("probe_", probe)
         power = air.signal_power(order)
         for k, i in enumerate(order):
             up, ev = uploads[i], events[i]
@@ -190,6 +192,12 @@ def aircomp_round(
     losses = [float(uploads[i].train_loss) for i in order
               if np.isfinite(uploads[i].train_loss)]
     return entries, total, losses, report
+
+
+def _nmse_fields(prefix: str, nmse: float) -> dict[str, float]:
+    """``{prefix}nmse`` and ``{prefix}nmse_db``."""
+    return {f"{prefix}nmse": nmse,
+            f"{prefix}nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf}
 
 
 def _no_journal(i: int, event: Any) -> str | None:  # pragma: no cover - never called

@@ -30,6 +30,7 @@ import numpy as np
 from radio.aircomp import superpose
 from radio.aircomp_air import (
     PILOT_SYMBOLS,
+    PROBE_SYMBOLS,
     decode_sum,
     draw_paths,
     estimate_pilot,
@@ -37,6 +38,7 @@ from radio.aircomp_air import (
     pilot_sequence,
     render,
     slot_symbols,
+    with_probe,
 )
 from radio.frame_link import FrameLink
 from radio.link import ChannelState, Link, LinkError
@@ -77,13 +79,16 @@ class AirCompSlot(ABC):
     @abstractmethod
     def transmit(self, values: dict[int, np.ndarray], alpha: dict[int, complex],
                  amplitude: float, round_index: int, signal_power: float) -> np.ndarray | None:
-        """Every participant's symbols in one slot; the decoded sum ``y / c`` (complex,
-        ``(n_sym,)``), or ``None`` when the slot's frame was lost. ``signal_power`` bounds
-        ``E|x_j|^2`` per symbol (a frame's preamble and pilots go at that power)."""
+        """Every participant's symbols, each followed by its probe at amplitude
+        ``sqrt(signal_power)`` (:func:`radio.aircomp_air.with_probe`), in one slot; the
+        decoded sum ``y / c`` (complex, ``(n_sym + PROBE_SYMBOLS,)``), or ``None`` when the
+        slot's frame was lost. ``signal_power`` bounds ``E|x_j|^2`` per symbol (a frame's
+        preamble and pilots go at that power)."""
 
-    def slot_airtime_s(self, n_sym: int, symbol_rate_hz: float) -> float:
-        """Air time of the shared slot (s)."""
-        return n_sym / symbol_rate_hz
+    def slot_airtime_s(self, n_sym: int, symbol_rate_hz: float, probe: bool = True) -> float:
+        """Air time of the shared slot (s): the values and the probe (``probe=False``: one
+        device's upload of ``n_sym`` symbols in a TDMA slot)."""
+        return (n_sym + (PROBE_SYMBOLS if probe else 0)) / symbol_rate_hz
 
 
 class SymbolSlot(AirCompSlot):
@@ -93,12 +98,13 @@ class SymbolSlot(AirCompSlot):
                  ) -> None:
         self.link, self.seed, self.t = link, seed, t
         probed: dict[int, ChannelState] = {
-            i: link.probe(device=i, round_index=t, n_symbols=n_sym,
+            i: link.probe(device=i, round_index=t, n_symbols=n_sym + PROBE_SYMBOLS,
                           rng=experiment_generator(seed, Stream.CHANNEL, i, t))
             for i in asked}
         self.n0_lower = min((s.noise_var for s in probed.values()), default=0.0)
         n0 = self.n0_lower
-        #: per device: gain over the upload (path loss included), shape (n_sym,)
+        #: per device: gain over the upload and its probe (path loss included),
+        #: shape (n_sym + PROBE_SYMBOLS,)
         self.gains = {i: s.gain * (math.sqrt(n0 / s.noise_var) if s.noise_var > 0 else 1.0)
                       for i, s in probed.items()}
         self.h_hat = {i: complex(g[0]) for i, g in self.gains.items()}
@@ -113,7 +119,8 @@ class SymbolSlot(AirCompSlot):
     def transmit(self, values: dict[int, np.ndarray], alpha: dict[int, complex],
                  amplitude: float, round_index: int, signal_power: float) -> np.ndarray | None:
         order = sorted(values)
-        sent = np.stack([alpha[i] * values[i] for i in order])
+        a = float(np.sqrt(signal_power))
+        sent = np.stack([alpha[i] * with_probe(values[i], round_index, i, a) for i in order])
         gains = np.stack([self.gains[i] for i in order])
         rng = experiment_generator(self.seed, Stream.AIR_SLOT, _SLOT, round_index)
         return superpose(sent, gains, self.n0_lower, rng, self.link.noise) / amplitude
@@ -181,19 +188,21 @@ class FrameSlot(AirCompSlot):
         # measure the common phase of the sum: frame(x / a) * alpha a, a = sqrt(E|x|^2).
         wf = self.link.waveform
         a = float(np.sqrt(signal_power))
-        frames = {i: modulate(wf, v / a)[0] for i, v in values.items()}
+        frames = {i: modulate(wf, with_probe(v, round_index, i, a) / a)[0]
+                  for i, v in values.items()}
         samples = render(frames, {i: alpha[i] * a for i in frames}, self.paths)
         rng = experiment_generator(self.seed, Stream.AIR_SLOT, _SLOT, round_index)
         carried = self.link.carry_air(samples, noise_var=self.n0, rng=rng)
-        n_sym = next(iter(values.values())).size
+        n_sym = next(iter(values.values())).size + PROBE_SYMBOLS
         try:
             rec = self.link.receive(carried, n_sym, device=min(values), round_index=round_index)
         except LinkError:
             return None
         return decode_sum(rec, amplitude)
 
-    def slot_airtime_s(self, n_sym: int, symbol_rate_hz: float) -> float:
-        return slot_symbols(self.link.waveform, n_sym) / self.link.waveform.symbol_rate_hz
+    def slot_airtime_s(self, n_sym: int, symbol_rate_hz: float, probe: bool = True) -> float:
+        wf = self.link.waveform
+        return slot_symbols(wf, n_sym + (PROBE_SYMBOLS if probe else 0)) / wf.symbol_rate_hz
 
 
 def make_slot(link: Link, seed: int, t: int, asked: list[int], n_sym: int,

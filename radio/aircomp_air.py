@@ -36,6 +36,10 @@ from radio.link import Reception
 PILOT_SYMBOLS = 512
 #: Seed of the public pilot sequence (anyone may know it).
 _PILOT_SEED = 0x41C0
+#: Symbols of the public aggregation probe each participant appends to its values.
+PROBE_SYMBOLS = 256
+#: Seed of the probe sequences (public).
+_PROBE_SEED = 0x41C1
 #: Noise-only samples before and after a slot's frames (sync and the off-frame N0 bound).
 LEAD_SAMPLES = 256
 TAIL_SAMPLES = 256
@@ -45,6 +49,37 @@ def pilot_sequence(n: int = PILOT_SYMBOLS) -> np.ndarray:
     """The public pilot: ``n`` unit-modulus QPSK symbols, ``complex128`` ``(n,)``."""
     bits = np.random.default_rng(_PILOT_SEED).integers(0, 4, n)
     return np.exp(1j * (np.pi / 4 + np.pi / 2 * bits))
+
+
+def probe_sequence(round_index: int, device: int, n: int = PROBE_SYMBOLS) -> np.ndarray:
+    """Device ``device``'s public aggregation probe in round ``round_index``: ``n``
+    unit-modulus QPSK symbols (``complex128``), independent across devices and rounds.
+
+    Every participant appends its probe (at the amplitude its values are bounded by) to its
+    values in the shared slot; the receiver, which knows every probe, compares the received
+    sum of the probes with their true sum (:func:`probe_nmse`): the aggregation error of
+    the slot measured without knowing any device's values (in the lab the aggregator never
+    sees them).
+    """
+    rng = np.random.default_rng([_PROBE_SEED, int(round_index), int(device)])
+    return np.exp(1j * (np.pi / 4 + np.pi / 2 * rng.integers(0, 4, n)))
+
+
+def with_probe(values: np.ndarray, round_index: int, device: int, amplitude: float
+               ) -> np.ndarray:
+    """``values`` (complex symbols) followed by ``amplitude`` times the device's probe."""
+    return np.concatenate([np.asarray(values, dtype=np.complex128),
+                           amplitude * probe_sequence(round_index, device)])
+
+
+def probe_nmse(decoded: np.ndarray, round_index: int, devices: list[int],
+               amplitude: float) -> float:
+    """The aggregation NMSE of a slot's probe part: ``decoded`` (the last
+    :data:`PROBE_SYMBOLS` of the decoded sum) against ``amplitude`` times the sum of the
+    participants' probes."""
+    truth = amplitude * sum(probe_sequence(round_index, j) for j in devices)
+    err = np.asarray(decoded, dtype=np.complex128) - truth
+    return float(np.vdot(err, err).real / np.vdot(truth, truth).real)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,9 @@ def test_every_round_is_one_slot_and_every_device_stays_within_target(tmp_path: 
     for line in _lines(out / "metrics.jsonl"):
         air = line["aircomp"]
         assert air["participants"] == line["uploads"] == N and air["slots"] == 1
-        assert air["tdma_airtime_s"] == pytest.approx(N * air["airtime_s"])
+        # the slot also carries the 256-symbol probe (each TDMA upload would not)
+        assert air["tdma_airtime_s"] == pytest.approx(N * (air["airtime_s"] - 256 / 200e3))
+        assert abs(air["probe_nmse_db"] - air["nmse_db"]) < 3.0
         assert 0 < air["nmse"] < 0.1  # measured about 3e-3 (-25 dB) at the 20 dB default
     privacy = summary["privacy"]
     assert privacy["trust"].startswith("Distributed model (over-the-air aggregation)")

@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.aircomp_slot import make_slot
+from aggregator.aircomp_slot import AirCompSlot, make_slot
 from aggregator.devices import Devices, Upload
 from aggregator.state import RunState
 from radio.aircomp import aggregation_nmse, amplitude_for, pre_equalize
 from radio.aircomp_air import probe_nmse
 from radio.analog import n_symbols_for, symbols_to_reals
 from radio.link import Link
+from testbed.core.config.aircomp_checks import aircomp_colluding
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.privacy.aircomp_events import AirCompEvent
@@ -55,11 +56,12 @@ class AirCompRound:
         Devices that may take part (selected, not kept from before an interruption).
     """
 
-    def __init__(self, state: RunState, link: Link, t: int, asked: list[int]) -> None:
+    def __init__(self, state: RunState, link: Link, t: int, asked: list[int],
+                 slot: AirCompSlot | None = None) -> None:
         self.state, self.link, self.t = state, link, t
         self.n_sym = n_symbols_for(state.d)
         timing = state.hw.waveform.aircomp_timing_error_samples
-        self.slot = make_slot(link, state.cfg.seed, t, asked, self.n_sym, timing)
+        self.slot = slot or make_slot(link, state.cfg.seed, t, asked, self.n_sym, timing)
         self.h_hat = self.slot.h_hat
         self.p_max = state.cfg.power.p_max_w / state.hw.tx_power_ref_w
 
@@ -72,9 +74,16 @@ class AirCompRound:
 
     def plan(self, participants: list[int]) -> tuple[float, dict[int, AirCompEvent]]:
         """``c`` and each participant's event if exactly ``participants`` transmit."""
-        state, cfg = self.state, self.state.cfg
         h = np.array([self.h_hat[i] for i in participants])
         c = amplitude_for(h, self.p_max, self.signal_power(participants), len(participants))
+        return c, self.events_at(participants, c)
+
+    def events_at(self, participants: list[int], c: float, colluding: int | None = None
+                  ) -> dict[int, AirCompEvent]:
+        """Each participant's event when exactly ``participants`` transmit at amplitude
+        ``c`` (the others' noise credited is theirs only), with ``colluding`` others' shares
+        not credited (default :func:`~testbed.core.config.aircomp_checks.aircomp_colluding`)."""
+        state, cfg = self.state, self.state.cfg
         rho = [self.slot.rho_bounds(i) for i in participants]
         recs = [state.record_settings(i) for i in participants]
         assert all(r is not None for r in recs)
@@ -88,12 +97,12 @@ class AirCompRound:
             dataset_size=[r.dataset_size for r in recs],  # type: ignore[union-attr]
             example_clip=cfg.privacy.example_clip,
             receiver_noise_var=trusted * (self.slot.n0_lower / 2.0) / c**2,
-            colluding=cfg.privacy.colluding_devices,
+            colluding=aircomp_colluding(cfg) if colluding is None else colluding,
             amplified=recs[0].amplified,  # type: ignore[union-attr]
             relation=cfg.privacy.relation,
             bound_failure_prob=self.slot.failure_prob(len(participants), trusted > 0),
         )
-        return c, dict(zip(participants, events, strict=True))
+        return dict(zip(participants, events, strict=True))
 
     def gate(self, asked: list[int]) -> tuple[float, dict[int, AirCompEvent]]:
         """The participants that pass their budgets when they transmit together (a device
@@ -129,6 +138,9 @@ def aircomp_round(
     """Round ``t``'s slot among ``asked``: the participants' metrics entries, the decoded
     sum (``(d,)``; ``None`` when no one transmitted), their training losses and the round's
     ``aircomp`` metrics. ``None``: no asked device passes its budget."""
+    lab = getattr(devices, "aircomp_round", None)
+    if lab is not None:  # edges on radios: each transmits its own frame in the slot
+        return lab(t, link, asked, stop, timer)  # type: ignore[no-any-return]
     book = state.book
     air = AirCompRound(state, link, t, asked)
     c, events = timer.timed("gate", lambda: air.gate(asked))
@@ -154,44 +166,70 @@ def aircomp_round(
                 assert nonce is not None
                 book.commit(events[i], nonce)
         fault_point("after_commit")
-        slot_s = air.slot.slot_airtime_s(air.n_sym, state.hw.symbol_rate_hz)
-        report: dict[str, Any] = {
-            "participants": len(order), "amplitude": c, "slots": 1, "airtime_s": slot_s,
-            "pilot_airtime_s": air.slot.pilot_airtime_s,
-            "tdma_airtime_s": len(order) * air.slot.slot_airtime_s(
-                air.n_sym, state.hw.symbol_rate_hz, probe=False), "receiver_noise_var": air.slot.n0_lower,
-            "lost": total is None}
-        if y is not None:
-            sent = sum(symbols_to_reals(uploads[i].symbols, state.d) for i in order)
-            report |= _nmse_fields("", aggregation_nmse(total, sent))
-            probe = probe_nmse(y[air.n_sym:], t, order, math.sqrt(air.signal_power(order)))
-            report |= _nmse_fields("probe_", probe)
-        power = air.signal_power(order)
-        for k, i in enumerate(order):
-            up, ev = uploads[i], events[i]
-            alpha = abs(c / air.h_hat[i])
-            entry: dict[str, Any] = {
-                "device": i, "transmitted": True, "train_loss": up.train_loss,
-                "alpha": alpha, "sigma": state.uplinks[i].sigma, "h_abs": abs(air.h_hat[i]),
-                "rho_upper": ev.gain_ratio_upper, "airtime_s": slot_s,
-                "energy_comm_j": alpha**2 * up.symbol_energy * state.hw.tx_power_ref_w
-                / state.hw.symbol_rate_hz,
-                "energy_comp_j": up.energy_comp_j, "energy_comp_source": up.energy_comp_source,
-                "noise_multiplier": ev.effective_noise_multiplier,
-                "noise_multiplier_all_colluding": ev.noise_multiplier_all_colluding,
-                "aircomp_participants": order, "signal_power": power,
-            }
-            if book is not None:
-                entry |= {f"epsilon_{name}": r.epsilon for name, r in book.epsilon(i).items()}
-            entries[i] = entry
-            # the sum is kept once, under the first participant (the others: None)
-            vec = total if k == 0 else None
-            timer.timed("keep", lambda i=i, vec=vec, e=entry: state.rundir.save_inflight(
-                t, i, vec, e))
-        fault_point("after_inflight")
+        sent = None if y is None else sum(symbols_to_reals(uploads[i].symbols, state.d)
+                                          for i in order)
+        report = slot_report(air, c, order, y, total, sent)
+        for i in order:
+            up = uploads[i]
+            entries[i] = slot_entry(air, i, c, events[i], order, up.train_loss,
+                                    abs(c / air.h_hat[i])**2 * up.symbol_energy
+                                    * state.hw.tx_power_ref_w / state.hw.symbol_rate_hz,
+                                    up.energy_comp_j, up.energy_comp_source)
+        keep_slot(state, t, order, entries, total, timer)
     losses = [float(uploads[i].train_loss) for i in order
               if np.isfinite(uploads[i].train_loss)]
     return entries, total, losses, report
+
+
+def slot_report(air: AirCompRound, c: float, order: list[int], y: np.ndarray | None,
+                total: np.ndarray | None, sent: np.ndarray | None) -> dict[str, Any]:
+    """The round's ``aircomp`` metrics: participants, ``c``, air times, the receiver's
+    ``N0`` credited, and the aggregation error of the probe (and of the values where they
+    are known here, ``sent``: in process)."""
+    hz = air.state.hw.symbol_rate_hz
+    report: dict[str, Any] = {
+        "participants": len(order), "amplitude": c, "slots": 1,
+        "airtime_s": air.slot.slot_airtime_s(air.n_sym, hz),
+        "pilot_airtime_s": air.slot.pilot_airtime_s,
+        "tdma_airtime_s": len(order) * air.slot.slot_airtime_s(air.n_sym, hz, probe=False),
+        "receiver_noise_var": air.slot.n0_lower, "lost": y is None}
+    if y is not None:
+        if sent is not None and total is not None:
+            report |= _nmse_fields("", aggregation_nmse(total, sent))
+        probe = probe_nmse(y[air.n_sym:], air.t, order, math.sqrt(air.signal_power(order)))
+        report |= _nmse_fields("probe_", probe)
+    return report
+
+
+def slot_entry(air: AirCompRound, i: int, c: float, ev: AirCompEvent, order: list[int],
+               train_loss: float, energy_comm_j: float | None, energy_comp_j: float,
+               energy_comp_source: str) -> dict[str, Any]:
+    """Participant ``i``'s metrics entry of the slot."""
+    state = air.state
+    entry: dict[str, Any] = {
+        "device": i, "transmitted": True, "train_loss": train_loss,
+        "alpha": abs(c / air.h_hat[i]), "sigma": state.uplinks[i].sigma,
+        "h_abs": abs(air.h_hat[i]), "rho_upper": ev.gain_ratio_upper,
+        "airtime_s": air.slot.slot_airtime_s(air.n_sym, state.hw.symbol_rate_hz),
+        "energy_comm_j": energy_comm_j, "energy_comp_j": energy_comp_j,
+        "energy_comp_source": energy_comp_source,
+        "noise_multiplier": ev.effective_noise_multiplier,
+        "noise_multiplier_all_colluding": ev.noise_multiplier_all_colluding,
+        "aircomp_participants": order, "signal_power": air.signal_power(order),
+    }
+    if state.book is not None:
+        entry |= {f"epsilon_{name}": r.epsilon for name, r in state.book.epsilon(i).items()}
+    return entry
+
+
+def keep_slot(state: RunState, t: int, order: list[int], entries: dict[int, dict[str, Any]],
+              total: np.ndarray | None, timer: StageTimer) -> None:
+    """Keep the round in ``inflight/``: the sum once, under the first participant (the
+    others: ``None``; :func:`usable_kept`)."""
+    for k, i in enumerate(order):
+        vec = total if k == 0 else None
+        timer.timed("keep", lambda i=i, vec=vec: state.rundir.save_inflight(t, i, vec, entries[i]))
+    fault_point("after_inflight")
 
 
 def _nmse_fields(prefix: str, nmse: float) -> dict[str, float]:

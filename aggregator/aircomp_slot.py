@@ -31,12 +31,15 @@ from radio.aircomp import superpose
 from radio.aircomp_air import (
     PILOT_SYMBOLS,
     PROBE_SYMBOLS,
+    PilotEstimate,
     decode_sum,
     draw_paths,
     estimate_pilot,
+    frame_scale,
     noise_gain_lower,
     pilot_sequence,
     render,
+    slot_frame,
     slot_symbols,
     with_probe,
 )
@@ -126,7 +129,42 @@ class SymbolSlot(AirCompSlot):
         return superpose(sent, gains, self.n0_lower, rng, self.link.noise) / amplitude
 
 
-class FrameSlot(AirCompSlot):
+class PilotSlot(AirCompSlot):
+    """A slot whose paths were estimated from pilot frames: the bounds from the pilots'
+    confidence intervals and the burst timing error.
+
+    Attributes
+    ----------
+    estimates
+        Device -> its pilot's estimate (devices whose pilot was lost are absent).
+    kappa
+        :func:`radio.aircomp_air.noise_gain_lower` of the burst timing error.
+    alpha_fail
+        ``1 - confidence`` of each interval.
+    """
+
+    estimates: dict[int, PilotEstimate]
+    kappa: float
+    alpha_fail: float
+
+    def _settle(self, estimates: dict[int, PilotEstimate]) -> None:
+        """Keep the estimates; set ``h_hat`` and the receiver's ``n0_lower``."""
+        self.estimates = estimates
+        self.h_hat = {i: e.h_hat for i, e in estimates.items() if e.h_hat != 0}
+        self.n0_lower = min((e.noise_var_lower for e in estimates.values()), default=0.0)
+
+    def rho_bounds(self, i: int) -> tuple[float, float]:
+        lo, hi = self.estimates[i].abs_bounds()
+        mag = abs(self.h_hat[i])
+        return self.kappa * lo / mag, hi / mag
+
+    def failure_prob(self, participants: int, receiver_credited: bool) -> float:
+        # one |h| interval per participant; the receiver's N0 lower bound (one-sided)
+        fail = participants * self.alpha_fail
+        return min(1.0, fail + (self.alpha_fail / 2.0 if receiver_credited else 0.0))
+
+
+class FrameSlot(PilotSlot):
     """A waveform link's slot: pilots, then every participant's frame at once.
 
     Parameters
@@ -155,7 +193,7 @@ class FrameSlot(AirCompSlot):
         pilots = pilot_sequence()
         frame, _ = modulate(wf, pilots)
         rng = experiment_generator(seed, Stream.AIR_SLOT, _PILOTS, t)
-        self.estimates = {}
+        estimates: dict[int, PilotEstimate] = {}
         self.lost: dict[int, str] = {}
         for i in asked:
             carried = link.carry_air(render({i: frame}, {i: 1.0}, self.paths),
@@ -165,21 +203,10 @@ class FrameSlot(AirCompSlot):
             except LinkError as exc:
                 self.lost[i] = str(exc)
                 continue
-            self.estimates[i] = estimate_pilot(rec, pilots)
-        self.h_hat = {i: e.h_hat for i, e in self.estimates.items() if e.h_hat != 0}
-        self.n0_lower = min((e.noise_var_lower for e in self.estimates.values()), default=0.0)
+            estimates[i] = estimate_pilot(rec, pilots)
+        self._settle(estimates)
         self.pilot_airtime_s = (len(asked) * slot_symbols(wf, PILOT_SYMBOLS)
                                 / wf.symbol_rate_hz)
-
-    def rho_bounds(self, i: int) -> tuple[float, float]:
-        lo, hi = self.estimates[i].abs_bounds()
-        mag = abs(self.h_hat[i])
-        return self.kappa * lo / mag, hi / mag
-
-    def failure_prob(self, participants: int, receiver_credited: bool) -> float:
-        # one |h| interval per participant; the receiver's N0 lower bound (one-sided)
-        fail = participants * self.alpha_fail
-        return min(1.0, fail + (self.alpha_fail / 2.0 if receiver_credited else 0.0))
 
     def transmit(self, values: dict[int, np.ndarray], alpha: dict[int, complex],
                  amplitude: float, round_index: int, signal_power: float) -> np.ndarray | None:
@@ -187,10 +214,9 @@ class FrameSlot(AirCompSlot):
         # (``|alpha|^2 E|x|^2 <= P_max``) and pre-equalized like them, so the summed pilots
         # measure the common phase of the sum: frame(x / a) * alpha a, a = sqrt(E|x|^2).
         wf = self.link.waveform
-        a = float(np.sqrt(signal_power))
-        frames = {i: modulate(wf, with_probe(v, round_index, i, a) / a)[0]
-                  for i, v in values.items()}
-        samples = render(frames, {i: alpha[i] * a for i in frames}, self.paths)
+        frames = {i: slot_frame(wf, v, round_index, i, signal_power) for i, v in values.items()}
+        samples = render(frames, {i: frame_scale(alpha[i], signal_power) for i in frames},
+                         self.paths)
         rng = experiment_generator(self.seed, Stream.AIR_SLOT, _SLOT, round_index)
         carried = self.link.carry_air(samples, noise_var=self.n0, rng=rng)
         n_sym = next(iter(values.values())).size + PROBE_SYMBOLS

@@ -82,6 +82,26 @@ def probe_nmse(decoded: np.ndarray, round_index: int, devices: list[int],
     return float(np.vdot(err, err).real / np.vdot(truth, truth).real)
 
 
+def slot_frame(waveform: WaveformParams, values: np.ndarray, round_index: int, device: int,
+               signal_power: float) -> np.ndarray:
+    """Device ``device``'s frame for the shared slot before its pre-equalization: its values
+    and its probe normalised by ``a = sqrt(signal_power)`` (the bound on ``E|x|^2``), so that
+    the frame's preamble and pilots go at the power of its values once scaled by
+    :func:`frame_scale`. ``complex128`` samples."""
+    from radio.modem import modulate
+
+    if not signal_power > 0:
+        raise ValueError(f"signal_power must be > 0, got {signal_power}")
+    a = math.sqrt(signal_power)
+    return modulate(waveform, with_probe(values, round_index, device, a) / a)[0]
+
+
+def frame_scale(alpha: complex, signal_power: float) -> complex:
+    """What a device multiplies its :func:`slot_frame` by: ``alpha sqrt(signal_power)``
+    (its values then go on air as ``alpha x``)."""
+    return complex(alpha) * math.sqrt(signal_power)
+
+
 @dataclass(frozen=True)
 class AirPaths:
     """Each device's path to the receiver in one round.

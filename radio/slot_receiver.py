@@ -45,11 +45,13 @@ class _Decoder(FrameLink):
         raise NotImplementedError("the slot receiver decodes captured windows only")
 
     def decode(
-        self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
+        self, window: np.ndarray, n_payload: int, *, device: int, round_index: int,
+        known_cfo_hz: float | None = None,
     ) -> Reception:
         sent = frame_samples(self.waveform, n_payload)
         carried = Carried(np.asarray(window, dtype=np.complex128), sent, window.size, {})
-        return self._receive(carried, n_payload, device=device, round_index=round_index)
+        return self._receive(carried, n_payload, device=device, round_index=round_index,
+                             known_cfo_hz=known_cfo_hz)
 
 
 class SlotReceiver:
@@ -193,6 +195,24 @@ class SlotReceiver:
         """
         return self._decoder(device).decode(window, n_payload, device=device,
                                             round_index=round_index)
+
+    def decode_shared(
+        self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
+    ) -> Reception:
+        """Demodulate a frame on the common waveform (every device's same preamble root and
+        pilots: over-the-air aggregation) on the receiver's own frequency reference (a shared
+        reference: no offset estimated, every frame's phase on the same reference).
+
+        Raises
+        ------
+        LinkError
+            No frame found.
+        """
+        if -1 not in self._decoders:
+            self._decoders[-1] = _Decoder(self.waveform,
+                                          **self._decoder_args)  # type: ignore[arg-type]
+        return self._decoders[-1].decode(window, n_payload, device=device,
+                                         round_index=round_index, known_cfo_hz=0.0)
 
     def _decoder(self, device: int) -> _Decoder:
         if device not in self._decoders:

@@ -93,7 +93,8 @@ def test_a_misestimated_channel_is_charged_and_the_budget_holds(
 @pytest.mark.parametrize(("extra", "words"), [
     (["privacy.noise=per-step"], "privacy.noise: got 'per-step'; scheme aircomp needs 'upload'"),
     (["privacy.unit=device"], "privacy.unit: got 'device'; scheme aircomp needs 'record'"),
-    (["link=usrp"], "link: got 'usrp'; scheme aircomp runs on ('symbol', 'waveform', "),
+    ([f"privacy.dropout_margin={N - 1}", "privacy.colluding_devices=1"],
+     "privacy.dropout_margin: got 9; colluding_devices + dropout_margin may be at most"),
     ([f"privacy.colluding_devices={N}"], "privacy.colluding_devices: got 10; at most"),
 ])
 def test_configs_aircomp_cannot_run_are_refused(extra: list[str], words: str) -> None:
@@ -116,10 +117,12 @@ def test_a_partly_kept_slot_drops_its_sum() -> None:
     assert all(vec is None for vec, _ in part.values()) and set(part) == {0, 1}
 
 
-def test_the_lab_processes_refuse_it_before_starting_anything(tmp_path: Path) -> None:
+def test_the_lab_processes_refuse_it_on_a_simulated_link_before_starting_anything(
+        tmp_path: Path) -> None:
+    """Over a simulated link each edge would send its values to the aggregator."""
     from testbed.lab.launch import launch
 
-    with pytest.raises(ConfigError, match="over-the-air aggregation runs in one process"):
+    with pytest.raises(ConfigError, match="the lab processes runs on radios"):
         launch(None, 3, tmp_path / "lab", overrides=["scheme=aircomp", "privacy.noise=upload",
                                                     "local_steps=1"],
                hw_overrides=[], round_timeout_s=10, join_timeout_s=10)

@@ -60,7 +60,7 @@ from testbed.core.interrupts import StopSignals
 from testbed.core.links import make_link
 from testbed.core.protocol import Message, UploadHeader
 from testbed.core.stage_timer import StageTimer
-from testbed.core.upload_events import CHANNEL_KEYS, PrivacyEvent
+from testbed.core.upload_events import PrivacyEvent, event_channel
 
 log = logging.getLogger("testbed.aggregator")
 
@@ -240,10 +240,7 @@ class RemoteDevices:
         channel part: 004's Laplace replies)."""
         if self.state.book is None:
             return None
-        data = event.to_dict()
-        if not all(k in data for k in CHANNEL_KEYS):
-            return None
-        return {k: data[k] for k in CHANNEL_KEYS}
+        return event_channel(event)
 
     def n_payload(self, i: int) -> int:
         """Symbols of device ``i``'s upload (what its slot is sized for)."""
@@ -270,7 +267,7 @@ class RemoteDevices:
                 "round": t, "nonce": nonce, "d": state.d, "channel": self.channel(event),
                 "mechanism": event.to_dict() if state.book is not None else None,
                 "slot": k, "deadline_s": float(self.round_timeout_s),
-                "tx_time_s": slots[i].start_s if i in slots else None,
+                "tx_time_s": slots[i].start_s if i in slots else None, "aircomp": None,
             }, weights)
         again = ask_again(self, t, w, charged)
         fault_point("lab_after_request")  # journalled and asked, nothing received yet
@@ -404,6 +401,17 @@ class RemoteDevices:
             failure, self._failure = self._failure, None
             raise failure
         return self._round_fields
+
+    def aircomp_round(
+        self, t: int, link: Link, asked: list[int], stop: StopSignals, timer: StageTimer,
+    ) -> tuple[dict[int, dict[str, Any]], np.ndarray | None, list[float], dict[str, Any]] | None:
+        """Scheme ``aircomp``: round ``t`` with every participant in one slot
+        (:func:`aggregator.lab.aircomp_lab.lab_aircomp_round`)."""
+        from aggregator.lab.aircomp_lab import lab_aircomp_round
+
+        if self.capture is None:
+            raise RuntimeError("scheme aircomp in a lab run needs the usrp link")
+        return lab_aircomp_round(self, link, t, asked, stop, timer)
 
     def secure_round(
         self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],

@@ -92,7 +92,7 @@ def open_run(
             raise
         return rundir, cfg, hw, point.next_round, point.weights, summary
     assert cfg is not None and hw is not None and out_dir is not None
-    check_link_config(cfg, hw, record=cfg.record)
+    check_link_config(cfg, hw, record=cfg.record, lab=True)
     rundir = RunDir.create(out_dir)
     try:
         write_metadata(rundir, cfg, hw)
@@ -171,7 +171,7 @@ def ask_again(remote: Any, t: int, w: np.ndarray,
         remote.plane.send(i, "round", {
             "round": t, "nonce": nonce, "d": remote.d, "channel": remote.channel(event),
             "mechanism": event.to_dict(), "slot": 0,
-            "deadline_s": float(remote.round_timeout_s), "tx_time_s": None,
+            "deadline_s": float(remote.round_timeout_s), "tx_time_s": None, "aircomp": None,
         }, weights)
         asked.add(i)
     return asked

@@ -99,8 +99,11 @@ class SlotCapture:
         """Symbols of device ``i``'s upload (what its slot is sized for)."""
         return n_symbols_for(self.state.uplinks[i].l)
 
-    def schedule(self, t: int, order: list[int]) -> dict[int, Slot]:
-        """The TDMA slots of round ``t`` for ``order``.
+    def schedule(self, t: int, order: list[int], n_payload: dict[int, int] | None = None,
+                 allowance_s: float | None = None) -> dict[int, Slot]:
+        """The TDMA slots of round ``t`` for ``order``, each sized for ``n_payload`` symbols
+        (default: the device's upload), the first ``allowance_s`` from now (default: the
+        training allowance).
 
         Raises
         ------
@@ -113,9 +116,9 @@ class SlotCapture:
         receiver = self.link.receiver
         guard = round_guard_s(self.timing_uncertainty_s, order, hw.usrp.time_source,
                               receiver_uncertainty_s=receiver.timing_uncertainty_s)
-        slots = round_slots(order, {i: self.n_payload(i) for i in order},
-                            waveform_params(hw), guard, receiver.now_s(),
-                            self.train_allowance_s)
+        sizes = n_payload or {i: self.n_payload(i) for i in order}
+        slots = round_slots(order, sizes, waveform_params(hw), guard, receiver.now_s(),
+                            self.train_allowance_s if allowance_s is None else allowance_s)
         w0, w1 = schedule_window(slots)
         ring = receiver.radio.ring_seconds
         if w1 - w0 > 0.9 * ring:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_device.device_worker import DeviceWorker
 from edge_device.energy_meter import make_meter
+from edge_device.lab.aircomp_edge import on_pilot
 from edge_device.lab.clock import CLOCK_REPLY_TIMEOUT_S, measure_offset
 from edge_device.lab.edge_end import (
     FINISHED_MARKER,
@@ -336,6 +337,8 @@ class EdgeAgent:
             on_sync(self, msg)
         elif msg.type == "round":
             on_round(self, client, msg)
+        elif msg.type == "pilot":
+            on_pilot(self, msg)
         elif msg.type == "ack":
             on_ack(self, msg)
         elif msg.type in SECAGG_MESSAGES:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from testbed.core.upload_events import CHANNEL_KEYS, channel_fields, upload_event
+from testbed.core.upload_events import channel_fields, channel_keys, upload_event
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
@@ -31,12 +31,13 @@ def own_event(agent: AgentView, round_index: int, channel: dict[str, Any] | None
     round_index
         The round of the upload.
     channel
-        The aggregator's credited channel fields (only :data:`CHANNEL_KEYS` are taken;
+        The aggregator's credited channel fields (only
+        :func:`~testbed.core.upload_events.channel_keys` of the run's scheme are taken;
         ``None``: none).
     """
     fields = channel_fields(None, agent.uplink, agent.d)
     if channel is not None:
-        fields |= {k: channel[k] for k in CHANNEL_KEYS if k in channel}
+        fields |= {k: channel[k] for k in channel_keys(agent.cfg.scheme) if k in channel}
     return upload_event(agent.cfg, agent.uplink, agent.record, agent.device, round_index,
                         fields)
 

@@ -82,6 +82,11 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
             f"the aggregator runs the usrp link, but this edge's link is {agent.link} "
             "(no transmitter); start it with --hw naming the lab's usrp config"))
         return
+    if msg["aircomp"] is not None and not agent.shared_time:
+        refuse(agent, client, t, nonce, (
+            "scheme aircomp needs a shared time and frequency reference; this edge's "
+            "usrp.time_source is not shared"))
+        return
     if tx_time is None and agent.air is not None and agent.secagg is None:
         log.warning("device %d: round %d without a slot time: the aggregator's link is "
                     "simulated; sending the symbols over the control plane", agent.device, t)
@@ -106,7 +111,7 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
         begin_secagg(agent, client, t, nonce, local, event)
         return
     if tx_time is not None:
-        transmit(agent, client, t, nonce, event, local, float(tx_time))
+        transmit(agent, client, t, nonce, event, local, float(tx_time), msg["aircomp"])
         return
     _upload_symbols(agent, client, t, nonce, event, local, again)
 

@@ -71,7 +71,7 @@ def open_air(agent: AgentView, hw: HardwareConfig) -> None:
 
 def transmit(
     agent: AgentView, client: CurveClient, t: int, nonce: str, event: Any, local: Any,
-    tx_time_s: float,
+    tx_time_s: float, aircomp: dict[str, Any] | None = None,
 ) -> None:
     """Usrp link: send this round's burst at ``tx_time_s`` (the slot's start, schedule
     time base), the intent journalled before the air; then ``upload`` its report.
@@ -90,6 +90,10 @@ def transmit(
         The device's local result of the round (its encoded ``upload``).
     tx_time_s
         When the burst is due (the aggregator's clock).
+    aircomp
+        Scheme ``aircomp``: the round's ``aircomp`` part (the burst is this device's frame
+        in the shared slot, :func:`edge_device.lab.aircomp_edge.slot_samples`); ``None``:
+        its own frame in its TDMA slot.
 
     Raises
     ------
@@ -116,9 +120,14 @@ def transmit(
     agent.pending[nonce] = event
     fault_point("edge_after_intent")
     up = local.upload
-    # Its own preamble root and pilots: the receiver tells its frame from another's.
-    samples, _ = modulate(device_waveform(agent.waveform, agent.device),
-                          np.asarray(up.symbols, dtype=np.complex128))
+    if aircomp is not None:
+        from edge_device.lab.aircomp_edge import slot_samples
+
+        samples = slot_samples(agent, t, up.symbols, aircomp)
+    else:
+        # Its own preamble root and pilots: the receiver tells its frame from another's.
+        samples, _ = modulate(device_waveform(agent.waveform, agent.device),
+                              np.asarray(up.symbols, dtype=np.complex128))
     try:
         report = agent.air.transmit(samples, tx_time_s, hand_over_late=late_burst(),
                                     shift_s=tx_shift_s())

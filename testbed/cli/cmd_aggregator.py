@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import add_fallback_option
-from testbed.core.config.aircomp_checks import LAB_REFUSAL
+from testbed.core.config.aircomp_checks import check_lab_aircomp
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 
 
@@ -144,9 +144,8 @@ def _run(args: argparse.Namespace) -> int:
                             endpoint_file=args.endpoint_file, progress=progress)
         else:
             cfg = load_experiment(args.config, args.overrides)
-            if cfg.scheme == "aircomp":
-                raise ConfigError(LAB_REFUSAL)
             loaded = load_hardware(cfg.hw_config, args.hw_overrides)
+            check_lab_aircomp(cfg, loaded)
             hw = resolve_radios(loaded, fallback_mode(loaded, args.fallback),
                                 radios_of(loaded, "aggregator")
                                 if link_name(cfg, loaded) == "usrp" else [],

@@ -65,21 +65,22 @@ def emulator_params(hw: HardwareConfig) -> EmulatorParams:
     )
 
 
-def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool) -> None:
+def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool,
+                      lab: bool = False) -> None:
     """Refuse link settings that cannot work, before anything is started.
 
     Raises
     ------
     ConfigError
         ``record`` asked of a link that carries no I/Q samples (``symbol``); scheme
-        ``aircomp`` on a link or channel it cannot run on.
+        ``aircomp`` on a link or channel it cannot run on (``lab``: in the lab processes).
     """
     name = link_name(exp, hw)
     if exp.scheme == "aircomp":
         from testbed.core.config.aircomp_checks import check_aircomp_link
 
         try:
-            check_aircomp_link(exp, hw, name)
+            check_aircomp_link(exp, hw, name, lab=lab)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     if record and name not in RECORDING_LINKS:

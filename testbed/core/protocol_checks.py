@@ -5,6 +5,7 @@ sizes and shapes of the secure-aggregation (``sa_*``) messages. Each raises
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from testbed.core.protocol_schema import (
@@ -17,6 +18,7 @@ from testbed.core.protocol_schema import (
     _MAX_STR,
     _OPT,
     _STR,
+    AIRCOMP_ROUND_KEYS,
     MAX_AIRTIME_S,
     MAX_DEVICE,
     MAX_PARAMS,
@@ -84,6 +86,8 @@ def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
         raise ProtocolError(f"{msg_type}: tx_time_s {fields['tx_time_s']} is negative")
     if msg_type == "upload":
         _check_tx_report(fields["on_air"], fields["tx_report"])
+    if msg_type == "round" and fields["aircomp"] is not None:
+        _check_aircomp(fields["aircomp"])
     if msg_type == "ready" and not all(isinstance(n, str) for n in fields["nonces"]):
         raise ProtocolError("ready: nonces must be strings")
     if msg_type in ("sync", "finished"):
@@ -178,6 +182,20 @@ def _check_secagg(msg_type: str, fields: dict[str, Any]) -> None:
             owners.append(_device_set(msg_type, f"{key} owners", [i[0] for i in fields[key]]))
         if owners[0] & owners[1]:
             raise ProtocolError("sa_unmask: no owner's self-mask seed and mask key both")
+
+
+def _check_aircomp(part: dict[str, Any]) -> None:
+    """A ``round``'s ``aircomp``: exactly :data:`AIRCOMP_ROUND_KEYS`, finite floats, the
+    amplitude and signal power > 0."""
+    if set(part) != set(AIRCOMP_ROUND_KEYS):
+        raise ProtocolError(f"round: aircomp must have exactly {sorted(AIRCOMP_ROUND_KEYS)}")
+    for key in AIRCOMP_ROUND_KEYS:
+        value = part[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
+            raise ProtocolError(f"round: aircomp.{key} must be a finite number")
+    if not (part["amplitude"] > 0 and part["signal_power"] > 0):
+        raise ProtocolError("round: aircomp.amplitude and signal_power must be > 0")
 
 
 def _check_tx_report(on_air: bool, report: dict[str, Any] | None) -> None:

@@ -16,6 +16,8 @@ MAX_AIRTIME_S = 3600.0
 MAX_TIMING_UNCERTAINTY_S = 1.0
 #: Largest mean burst power (W) a ``tx_report`` may state (the hardware config's bound).
 MAX_TX_POWER_W = 100.0
+#: Fields of a ``round``'s ``aircomp`` (all floats; ``alpha`` as real and imaginary parts).
+AIRCOMP_ROUND_KEYS = ("alpha_re", "alpha_im", "amplitude", "signal_power")
 #: Fields of an ``upload``'s ``tx_report`` (what the edge's transmitter did; seconds, watts).
 TX_REPORT_KEYS = ("airtime_s", "tx_power_w", "tx_time_usrp_s", "timing_uncertainty_s")
 #: Secure aggregation (:mod:`testbed.core.secagg`) on the wire, in lower-case hex digits:
@@ -78,7 +80,14 @@ SCHEMAS: dict[str, dict[str, str]] = {
         # edge records its own and refuses when they differ. Null: the aggregator keeps no
         # ledger (no DP)
         "mechanism": _DICT + _OPT,
+        # scheme aircomp on the usrp link: how the device transmits in the shared slot
+        # (AIRCOMP_ROUND_KEYS: its pre-equalization alpha = c / h_hat, the common amplitude
+        # c, the bound on E|x|^2 its frame is normalised with); null otherwise
+        "aircomp": _DICT + _OPT,
     },
+    # aggregator -> edge (scheme aircomp, usrp link): send the public pilot frame alone at
+    # tx_time_s (schedule time base) so that the receiver estimates this device's path
+    "pilot": {"device": _INT, "round": _INT, "tx_time_s": _FLOAT, "n_symbols": _INT},
     # edge -> aggregator: one upload; payload = symbols (complex128), or empty (0 bytes)
     # when the symbols went over the radio (on_air)
     "upload": {
@@ -153,6 +162,7 @@ PAYLOADS: dict[str, str | None] = {
     "ready": None,
     "sync": None,
     "round": "float64",
+    "pilot": None,
     "upload": "complex128",
     "ack": None,
     "refuse": None,

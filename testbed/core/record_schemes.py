@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from testbed.core.config.aircomp_checks import aircomp_margin
+from testbed.core.config.aircomp_checks import aircomp_colluding, aircomp_margin
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import ConfigError
@@ -292,7 +292,7 @@ def resolve_record_uplinks(
         elif cfg.scheme == "aircomp":
             # each device's share of the aggregate noise; alpha is the per-round
             # pre-equalization c / h_hat, applied in the slot (docs/privacy.md section 12)
-            sigma = share_sigma(z, devices=cfg.devices, colluding=pc.colluding_devices,
+            sigma = share_sigma(z, devices=cfg.devices, colluding=aircomp_colluding(cfg),
                                 example_clip=pc.example_clip, expected_batch=batch,
                                 others_margin=aircomp_margin(cfg, hw))
             alpha = 1.0

@@ -12,11 +12,8 @@ import torch
 
 from testbed.core.channel_credit import calibration_config, credited_config
 from testbed.core.compute import resolve_device
-from testbed.core.config.aircomp_checks import check_aircomp_link
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.link import link_name
-from testbed.core.config.loader import ConfigError
 from testbed.core.data.datasets import Dataset, load_dataset, load_test_set, load_train_shard
 from testbed.core.data.partition import iid_partition, noniid_partition
 from testbed.core.extensions import is_import_string, load_user_dataset
@@ -198,11 +195,6 @@ def device_settings(
     distinct ``(snr_db, samples)`` and shared: a population of 10,000 alike devices costs
     one calibration, not 10,000. A plan lists every device and is read as it is.
     """
-    if cfg.scheme == "aircomp":
-        try:
-            check_aircomp_link(cfg, hw, link_name(cfg, hw))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
     credited = credited_config(cfg, hw)  # seeded channel noise is never credited
     cfg = calibration_config(credited, hw)  # estimated links: credited after reception
     if cfg is not credited:

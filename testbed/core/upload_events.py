@@ -50,6 +50,26 @@ PrivacyEvent = UploadEvent | RecordEvent | LaplaceRecordEvent
 
 #: Keys of :func:`channel_fields` that a peer may send (the rest each side knows itself).
 CHANNEL_KEYS = ("gain", "n0", "trusted_channel_noise", "bound_failure_prob")
+#: The part of an over-the-air aggregation event (``record-aircomp/v1``) that the receiver
+#: measures or the round decides (the paths' bounds, the others' credited noise, the
+#: receiver's): the aggregator sends it; the device builds the rest from its own settings.
+AIRCOMP_CHANNEL_KEYS = ("gain_ratio_upper", "others_noise_std", "receiver_noise_var",
+                        "bound_failure_prob")
+
+
+def channel_keys(scheme: str) -> tuple[str, ...]:
+    """The channel fields an event of ``scheme`` takes from the aggregator."""
+    return AIRCOMP_CHANNEL_KEYS if scheme == "aircomp" else CHANNEL_KEYS
+
+
+def event_channel(event: Any) -> dict[str, Any] | None:
+    """The channel part of ``event`` (``None``: an event with none, e.g. 004's Laplace
+    replies)."""
+    data = event.to_dict()
+    for keys in (CHANNEL_KEYS, AIRCOMP_CHANNEL_KEYS):
+        if all(k in data for k in keys):
+            return {k: data[k] for k in keys}
+    return None
 
 
 def upload_event(
@@ -75,6 +95,8 @@ def upload_event(
     channel
         :func:`channel_fields` of the credited state.
     """
+    if cfg.scheme == "aircomp":
+        return _aircomp_event(cfg, up, record, device, round_index, channel)
     if record is not None and record.noise_distribution == "laplace":
         return LaplaceRecordEvent(
             round=round_index,
@@ -114,4 +136,24 @@ def upload_event(
         clip_mode=cfg.clip.mode,
         quantizer_scale=up.quantizer_scale,
         **channel,
+    )
+
+
+def _aircomp_event(cfg: ExperimentConfig, up: DeviceUplink, record: RecordSettings | None,
+                   device: int, round_index: int, channel: dict[str, Any]) -> PrivacyEvent:
+    """The device's ``record-aircomp/v1`` event: its own settings, and the round's part
+    (:data:`AIRCOMP_CHANNEL_KEYS`) from ``channel``; without it, its own noise only (no
+    other device's, no receiver's credited): the conservative figure."""
+    from testbed.core.config.aircomp_checks import aircomp_colluding
+    from testbed.core.privacy.aircomp_events import AirCompEvent
+
+    if record is None:
+        raise ValueError("scheme aircomp runs at the record unit")
+    part = {k: channel[k] for k in AIRCOMP_CHANNEL_KEYS if k in channel}
+    return AirCompEvent(
+        round=round_index, device=device, sampling_rate=record.sampling_rate,
+        amplified=record.amplified, example_clip=record.example_clip,
+        expected_batch=record.expected_batch, dataset_size=record.dataset_size,
+        sigma=up.sigma, colluding=aircomp_colluding(cfg), relation=record.relation,
+        **part,
     )

@@ -248,10 +248,10 @@ def launch(
     cfg = load_experiment(config, [*overrides, f"devices={devices}",
                                    *([f"hw_config={hw_config}"] if hw_config else [])])
     if cfg.scheme == "aircomp":
-        from testbed.core.config.aircomp_checks import LAB_REFUSAL
-        from testbed.core.config.loader import ConfigError
+        from testbed.core.config.aircomp_checks import check_lab_aircomp
+        from testbed.core.config.loader import load_hardware
 
-        raise ConfigError(LAB_REFUSAL)
+        check_lab_aircomp(cfg, load_hardware(hw_config or cfg.hw_config, hw_overrides))
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     keys = out_dir / "keys"
     generate_keys(keys, devices)

@@ -87,6 +87,11 @@ class PrivacyConfig(_Strict):
         0, ge=0, le=100_000, description=(
             "scheme aircomp: t, the other devices assumed to collude against a device (their "
             "noise is not credited to it; docs/privacy.md section 12)"))
+    dropout_margin: int = Field(
+        0, ge=0, le=100_000, description=(
+            "scheme aircomp: m, the other devices that may fail to transmit after the budget "
+            "gate (a refusal, a missed slot): the noise shares and the gate assume the m "
+            "largest other shares absent too, so m failures never pass a target"))
     n0_confidence: float | None = Field(
         None,
         gt=0,

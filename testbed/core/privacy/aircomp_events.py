@@ -142,6 +142,13 @@ class AirCompEvent(JsonEvent):
         if self.relation not in RELATIONS:
             raise EventError(f"AirCompEvent.relation={self.relation!r} not in {RELATIONS}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping with a ``type`` tag, JSON's shapes (``others_noise_std`` a list, as
+        it comes back from the wire or the ledger)."""
+        out = super().to_dict()
+        out["others_noise_std"] = list(self.others_noise_std)
+        return out
+
     def others_var(self, colluding: int) -> float:
         """``sum_{j in H} (rho_j,lo sigma_j)^2`` with the ``colluding`` largest removed."""
         terms = sorted((s * s for s in self.others_noise_std), reverse=True)

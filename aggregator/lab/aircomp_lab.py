@@ -1,0 +1,248 @@
+"""Over-the-air aggregation (scheme ``aircomp``) in a lab run: edges on radios (real or
+virtual), each transmitting its own frame into one shared slot.
+
+Per round, on the aggregator:
+
+1. **pilots** (:class:`LabPilots`): every asked, connected device gets a ``pilot`` with its
+   own short TDMA slot; the receiver captures the slots and estimates each device's path
+   from its public pilot frame (:func:`radio.aircomp_air.estimate_pilot`, demodulated on the
+   receiver's own frequency reference: a shared 10 MHz and PPS are required);
+2. **gate** (:meth:`aggregator.aircomp_round.AirCompRound.gate`): ``c`` and every
+   participant's event, checked against its budget;
+3. **ask**: each participant's intent is journalled, then its ``round`` request carries its
+   event, the round's part of it and ``aircomp`` (its ``alpha = c / h_hat``, ``c``, the
+   bound on ``E|x|^2``) and the one slot's ``tx_time_s``; each edge trains, checks the event
+   against its own ledger and budget, journals it and transmits
+   (:mod:`edge_device.lab.aircomp_edge`);
+4. **capture** the slot once its window has passed and decode the sum ``y / c``
+   (:meth:`radio.slot_receiver.SlotReceiver.decode_shared`,
+   :func:`radio.aircomp_air.decode_sum`); the aggregator never sees a device's values, so
+   the slot's aggregation error is measured on the participants' public probes
+   (``probe_nmse``);
+5. **settle**: a device that refused did not transmit (its intent is cancelled); one that
+   did not answer may have. Only the confirmed transmitters' noise is credited: when ``f``
+   participants failed, the others' events are recomputed with ``t + m - f`` shares
+   withheld (``m = privacy.dropout_margin``), which never credits more than the gate did
+   while ``f <= m``; beyond the margin the ledger records what the round was worth (it may
+   pass a target: the summary says so, and the closing log line warns).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aggregator.aircomp_round import AirCompRound, keep_slot, slot_entry, slot_report
+from aggregator.aircomp_slot import PilotSlot
+from aggregator.lab.usrp_split import CAPTURE_MARGIN_S
+from radio.aircomp import pre_equalize
+from radio.aircomp_air import (
+    PILOT_SYMBOLS,
+    PROBE_SYMBOLS,
+    PilotEstimate,
+    decode_sum,
+    estimate_pilot,
+    noise_gain_lower,
+    pilot_sequence,
+    slot_symbols,
+)
+from radio.analog import symbols_to_reals
+from radio.link import Link, LinkError
+from testbed.core.faults import fault_point
+from testbed.core.interrupts import StopSignals
+from testbed.core.links import waveform_params
+from testbed.core.protocol import Message
+from testbed.core.stage_timer import StageTimer
+
+if TYPE_CHECKING:
+    from aggregator.lab.remote_devices import RemoteDevices
+
+log = logging.getLogger("testbed.aggregator")
+
+#: Time (s) from sending the ``pilot`` requests to the first pilot slot (no training: the
+#: messages and the transmitters' lead only).
+PILOT_ALLOWANCE_S = 1.5
+
+
+def _serve_until(remote: RemoteDevices, t: int, end_s: float, stop: StopSignals,
+                 answers: dict[int, Message] | None = None) -> None:
+    """Serve the control plane until the receiver's time passes ``end_s``; keep the round's
+    answers in ``answers`` (``None``: none expected, anything else is rejected)."""
+    receiver = remote.capture.link.receiver  # type: ignore[union-attr]
+    while True:
+        stop.check()
+        left = end_s - receiver.now_s()
+        if left <= 0:
+            return
+        got = remote.plane.poll(min(0.2, left))
+        if got is None:
+            continue
+        if answers is not None:
+            remote._take(t, got, answers)
+        else:
+            remote.plane.reject(got[0], f"{got[1].type} during round {t}'s pilots")
+
+
+class LabPilots(PilotSlot):
+    """The pilots of one lab round: each connected asked device's pilot frame in its own
+    short slot, captured and estimated by the aggregator's receiver.
+
+    Attributes
+    ----------
+    lost
+        Device -> why its pilot was not found (it sits the round out).
+    """
+
+    def __init__(self, remote: RemoteDevices, t: int, asked: list[int], stop: StopSignals,
+                 timer: StageTimer) -> None:
+        capture = remote.capture
+        assert capture is not None
+        state = remote.state
+        wf = waveform_params(state.hw)
+        receiver = capture.link.receiver
+        self.kappa = noise_gain_lower(state.hw.waveform.aircomp_timing_error_samples,
+                                      wf.samples_per_symbol, wf.rolloff)
+        self.alpha_fail = 1.0 - state.cfg.n0_confidence()
+        order = [i for i in sorted(asked) if remote.plane.ready(i)]
+        self.pilot_airtime_s = len(order) * slot_symbols(wf, PILOT_SYMBOLS) / wf.symbol_rate_hz
+        self.lost: dict[int, str] = {i: "not connected" for i in asked if i not in order}
+        estimates: dict[int, PilotEstimate] = {}
+        if order:
+            # not before the receiver's stream starts (a shared PPS: on a whole second)
+            stream = receiver.stream
+            allowance = PILOT_ALLOWANCE_S if stream is None else max(
+                PILOT_ALLOWANCE_S, stream.start_time + 0.5 - receiver.now_s())
+            slots = capture.schedule(t, order, {i: PILOT_SYMBOLS for i in order}, allowance)
+            for i in order:
+                remote.plane.send(i, "pilot", {"round": t, "tx_time_s": slots[i].start_s,
+                                               "n_symbols": PILOT_SYMBOLS})
+            end = max(s.window_end_s for s in slots.values()) + CAPTURE_MARGIN_S
+            _serve_until(remote, t, end, stop)
+            windows = timer.timed("capture", lambda: receiver.receive(
+                list(slots.values()), round_index=t))
+            pilots = pilot_sequence()
+            for i, window in windows.items():
+                try:
+                    rec = receiver.decode_shared(window, PILOT_SYMBOLS, device=i, round_index=t)
+                except LinkError as exc:
+                    self.lost[i] = str(exc)
+                    log.warning("round %d: device %d's pilot not found: %s", t, i, exc)
+                    continue
+                estimates[i] = estimate_pilot(rec, pilots)
+        self._settle(estimates)
+
+    def transmit(self, values: dict[int, np.ndarray], alpha: dict[int, complex],
+                 amplitude: float, round_index: int, signal_power: float) -> np.ndarray | None:
+        raise NotImplementedError("in a lab run the edges transmit their own frames")
+
+
+def lab_aircomp_round(
+    remote: RemoteDevices, link: Link, t: int, asked: list[int], stop: StopSignals,
+    timer: StageTimer,
+) -> tuple[dict[int, dict[str, Any]], np.ndarray | None, list[float], dict[str, Any]] | None:
+    """Round ``t`` of a lab aircomp run (module docstring); the same result as
+    :func:`aggregator.aircomp_round.aircomp_round`."""
+    state, capture, book = remote.state, remote.capture, remote.state.book
+    assert capture is not None
+    pilots = LabPilots(remote, t, asked, stop, timer)
+    air = AirCompRound(state, link, t, asked, slot=pilots)
+    c, events = timer.timed("gate", lambda: air.gate(asked))
+    if not events:
+        return None
+    order = sorted(events)
+    power = air.signal_power(order)
+    eq = pre_equalize(np.array([air.h_hat[i] for i in order]), c, air.p_max, power)
+    n_slot = air.n_sym + PROBE_SYMBOLS
+    slot = capture.schedule(t, order[:1], {order[0]: n_slot})[order[0]]
+    weights = np.ascontiguousarray(state.w, dtype="<f8").tobytes()
+    remote._pending, remote._settled = {}, {}
+    for k, i in enumerate(order):
+        nonce = book.begin(events[i]) if book is not None else secrets.token_hex(16)
+        remote._pending[i] = (nonce, events[i])
+        a = complex(eq.alpha[k])
+        remote.plane.send(i, "round", {
+            "round": t, "nonce": nonce, "d": state.d, "channel": remote.channel(events[i]),
+            "mechanism": events[i].to_dict() if book is not None else None,
+            "slot": 0, "deadline_s": float(remote.round_timeout_s),
+            "tx_time_s": slot.start_s,
+            "aircomp": {"alpha_re": a.real, "alpha_im": a.imag, "amplitude": c,
+                        "signal_power": power},
+        }, weights)
+    fault_point("lab_after_request")
+    answers: dict[int, Message] = {}
+    _serve_until(remote, t, slot.window_end_s + CAPTURE_MARGIN_S, stop, answers)
+    receiver = capture.link.receiver
+    y: np.ndarray | None = None
+    try:
+        window = timer.timed("capture", lambda: receiver.receive([slot], round_index=t))
+        rec = receiver.decode_shared(window[order[0]], n_slot, device=order[0], round_index=t)
+        y = decode_sum(rec, c)
+    except LinkError as exc:  # LinkFailed (a dead receiver) propagates
+        log.warning("round %d: the shared slot's frame was lost: %s", t, exc)
+    remote._collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
+    return _settle(remote, air, t, c, order, events, answers, y, timer)
+
+
+def _settle(remote: RemoteDevices, air: AirCompRound, t: int, c: float, order: list[int],
+            events: dict[int, Any], answers: dict[int, Message], y: np.ndarray | None,
+            timer: StageTimer,
+            ) -> tuple[dict[int, dict[str, Any]], np.ndarray | None, list[float], dict[str, Any]]:
+    """Record what the round was worth (module docstring, step 5), keep it, report it."""
+    state, book = remote.state, remote.state.book
+    pending = dict(remote._pending)  # a device that rejoined mid-round was settled already
+    sent = [i for i in order if i in pending and i in answers
+            and answers[i].type == "upload" and answers[i]["on_air"]]
+    refused = [i for i in order if i in pending and i in answers and i not in sent]
+    unknown = [i for i in order if i in pending and i not in answers]
+    failed = len(order) - len(sent)
+    margin = state.cfg.privacy.dropout_margin
+    final = dict(events)
+    if failed:
+        withheld = state.cfg.privacy.colluding_devices + max(0, margin - failed)
+        final = {i: air.events_at([*sent, i] if i not in sent else sent, c, withheld)[i]
+                 for i in [*sent, *unknown]}
+        if failed > margin:
+            log.warning("round %d: %d participants did not transmit, more than "
+                        "privacy.dropout_margin = %d: the others' events credit less noise "
+                        "than the gate assumed", t, failed, margin)
+    with_book = book is not None
+    for i in refused:
+        log.warning("round %d: device %d refused: %s", t, i, answers[i]["reason"]
+                    if answers[i].type == "refuse" else "bad upload")
+        if with_book:
+            book.cancel(pending[i][0])  # type: ignore[union-attr]
+    for i in [*sent, *unknown]:
+        if with_book:
+            book.commit(final[i], pending[i][0])  # type: ignore[union-attr]
+    remote._pending = {}
+    fault_point("after_commit")
+    for i in sent:
+        remote.acknowledge(t, i, pending[i][0], final[i])
+    total = None if y is None else symbols_to_reals(y[:air.n_sym], state.d)
+    report = slot_report(air, c, order, y, total, None)
+    report |= {"transmitted": len(sent), "refused": len(refused), "no_answer": len(unknown)}
+    entries: dict[int, dict[str, Any]] = {}
+    losses: list[float] = []
+    kept = sorted([*sent, *unknown])
+    for i in kept:
+        msg = answers.get(i)
+        loss = float("nan") if msg is None or msg["train_loss"] is None \
+            else float(msg["train_loss"])
+        tx = msg["tx_report"] if msg is not None else None
+        entries[i] = slot_entry(
+            air, i, c, final[i], kept, loss,
+            None if tx is None else float(tx["tx_power_w"]) * float(tx["airtime_s"]),
+            0.0 if msg is None else float(msg["energy_comp_j"]),
+            "none" if msg is None else str(msg["energy_comp_source"]))
+        if msg is None:
+            entries[i]["answered"] = False
+        if np.isfinite(loss):
+            losses.append(loss)
+    for i in refused:
+        entries[i] = {"device": i, "transmitted": False, "skipped": "refused"}
+    keep_slot(state, t, kept, entries, total if kept else None, timer)
+    return entries, total, losses, report

@@ -64,6 +64,13 @@ class AirCompRound:
         self.slot = slot or make_slot(link, state.cfg.seed, t, asked, self.n_sym, timing)
         self.h_hat = self.slot.h_hat
         self.p_max = state.cfg.power.p_max_w / state.hw.tx_power_ref_w
+        #: ``c`` over the largest every participant reaches, from the config's aircomp plan
+        #: (``None``: 1, full power)
+        self.planned_ratio: float | None = None
+        if state.cfg.aircomp_plan is not None:
+            from testbed.core.aircomp_plan_file import checked_aircomp_plan
+
+            self.planned_ratio = checked_aircomp_plan(state.cfg, state.d).amplitude_ratio
 
     def signal_power(self, devices: list[int]) -> float:
         """The bound on ``E|x|^2`` per symbol of the unscaled values (data-independent),
@@ -76,6 +83,8 @@ class AirCompRound:
         """``c`` and each participant's event if exactly ``participants`` transmit."""
         h = np.array([self.h_hat[i] for i in participants])
         c = amplitude_for(h, self.p_max, self.signal_power(participants), len(participants))
+        if self.planned_ratio is not None:  # testbed plan --scheme aircomp: less power
+            c *= self.planned_ratio
         return c, self.events_at(participants, c)
 
     def events_at(self, participants: list[int], c: float, colluding: int | None = None

@@ -263,6 +263,11 @@ def plan_overrides(path: Path) -> list[str]:
     peer = peer_plan_overrides(path)
     if peer is not None:  # a peer system's plan (testbed plan --scheme dp-pasgd)
         return peer
+    from testbed.core.aircomp_plan_file import aircomp_plan_overrides
+
+    air = aircomp_plan_overrides(path)
+    if air is not None:  # testbed plan --scheme aircomp
+        return air
     plan = load_plan(path)
     out = [f"plan={path}", f"scheme={plan.scheme}", f"rounds={plan.K}",
            f"privacy.unit={plan.unit}"]

@@ -64,14 +64,31 @@ def register(sub: Any) -> None:
                    help="override a hardware config key (symbol_rate_hz=1e6); repeatable")
     p.add_argument("--scheme", default="ee-dp-fl",
                    choices=["ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp", "dp-pasgd",
-                            "fedsgd-dpc", "zcdp-secagg"],
+                            "fedsgd-dpc", "zcdp-secagg", "aircomp"],
                    help="scheme whose plan --out writes (default ee-dp-fl); dp-pasgd, "
                    "fedsgd-dpc, zcdp-secagg: the peer paper's own planner (settings under "
-                   "'peers: SCHEME:' in --scenario)")
+                   "'peers: SCHEME:' in --scenario); aircomp: the amplitude and noise shares "
+                   "of over-the-air aggregation for an aircomp config (also planned beside "
+                   "the others when the config's scheme is aircomp)")
+    p.add_argument("--receiver-noise-margin", type=_margin, default=0.1, metavar="ETA",
+                   help="aircomp: the receiver may add at most ETA times the noise the "
+                   "devices' shares put in the sum at full power (default 0.1)")
     p.add_argument("--out", type=Path, metavar="PLAN.yaml", help="write the plan file")
     p.add_argument("--no-peers", action="store_true", help="plan only --scheme")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_plan)
+
+
+def _margin(text: str) -> float:
+    """``--receiver-noise-margin``: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"--receiver-noise-margin: got {text!r}; allowed: a number >= 0")
+    return value
 
 
 def count_params(cfg: ExperimentConfig) -> int:
@@ -98,6 +115,12 @@ def _plan(args: argparse.Namespace) -> int:
     cfg = load_experiment(args.config, args.overrides)
     if args.scheme in ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg"):
         return _plan_peer(args, cfg)
+    if args.scheme == "aircomp" or cfg.scheme == "aircomp":
+        from testbed.cli.plan_aircomp import plan_aircomp_command
+
+        if args.out is not None:
+            check_output_file(args.out, "--out")
+        return plan_aircomp_command(args, cfg)
     if cfg.scheme not in ("ee-dp-fl", "s-dp-fl", "ldp-fedavg", "channel-dp", "fedavg"):
         raise ConfigError(
             f"config key 'scheme': got {cfg.scheme!r}; `testbed plan` plans ee-dp-fl and its "

@@ -292,9 +292,14 @@ def resolve_record_uplinks(
         elif cfg.scheme == "aircomp":
             # each device's share of the aggregate noise; alpha is the per-round
             # pre-equalization c / h_hat, applied in the slot (docs/privacy.md section 12)
-            sigma = share_sigma(z, devices=cfg.devices, colluding=aircomp_colluding(cfg),
-                                example_clip=pc.example_clip, expected_batch=batch,
-                                others_margin=aircomp_margin(cfg, hw))
+            if cfg.aircomp_plan is not None:  # testbed plan --scheme aircomp
+                from testbed.core.aircomp_plan_file import checked_aircomp_plan
+
+                sigma = checked_aircomp_plan(cfg, d).sigma
+            else:
+                sigma = share_sigma(z, devices=cfg.devices, colluding=aircomp_colluding(cfg),
+                                    example_clip=pc.example_clip, expected_batch=batch,
+                                    others_margin=aircomp_margin(cfg, hw))
             alpha = 1.0
             shape = {"clip": norm, "sigma": sigma}
         else:

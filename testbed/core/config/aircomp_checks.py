@@ -28,6 +28,9 @@ def check_aircomp(cfg: Any) -> None:
             if getattr(pc, key):
                 raise ValueError(f"privacy.{key}: got {getattr(pc, key)}; only for scheme "
                                  f"aircomp (scheme is {cfg.scheme!r})")
+        if cfg.aircomp_plan is not None:
+            raise ValueError(f"aircomp_plan: got {cfg.aircomp_plan!r}; only for scheme aircomp "
+                             f"(scheme is {cfg.scheme!r})")
         return
     wants = [("privacy.unit", pc.unit, "record"), ("privacy.noise", pc.noise, "upload"),
              ("privacy.noise_distribution", pc.noise_distribution, "gaussian"),

@@ -243,6 +243,9 @@ class ExperimentConfig(_Strict):
         None, ge=1, le=10**9, description="cap on training samples used"
     )
     plan: str | None = Field(None, description="plan YAML from `testbed plan` (ee-dp-fl)")
+    aircomp_plan: str | None = Field(
+        None, description="scheme aircomp: plan YAML from `testbed plan --scheme aircomp` "
+        "(the noise share and the common amplitude c)")
     record: bool = Field(False, description="store received I/Q as SigMF")
     project_decoded: bool = Field(
         True,

@@ -209,3 +209,25 @@ def test_sigterm_while_planning_stops_cleanly_and_leaves_no_planner(tmp_path: Pa
     _wait_gone(lambda: _nothing_in_session(proc.pid))
     assert not (out / "plans" / "fashion-mnist-eps5.yaml").exists()
     assert not (out / "plans" / "fashion-mnist-eps5.json").exists()
+
+
+@pytest.mark.slow  # 35 s; the statement code is the same for every run length
+def test_aircomp_is_reported_beside_the_tdma_schemes(tmp_path: Path) -> None:
+    """Table I's aircomp row and its statement: accuracy beside ldp-fedavg's at the same
+    epsilon, the air time of one slot against the TDMA slots, the radio energy per round."""
+    out = tmp_path / "rep"
+    cmd = [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "aircomp",
+           "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
+           "--set", "eval_every=2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (out / "report.md").read_text()
+    rows = _tables(md, "data set")
+    assert [r["scheme"] for r in rows] == ["ldp-fedavg", "aircomp"]
+    air = next(r for r in rows if r["scheme"] == "aircomp")
+    metrics = [json.loads(x) for x in (out / air["run dir"] / "metrics.jsonl").read_text()
+               .splitlines()]
+    slot = metrics[0]["aircomp"]["airtime_s"]
+    line = next(x for x in md.splitlines() if "aircomp (every device in one slot" in x)
+    assert "against ldp-fedavg" in line and f"air time per round {slot:.4g} s" in line
+    assert "(ldp-fedavg:" in line and "bench_central_dpsgd.py" in line

@@ -28,6 +28,7 @@ PAPER_NAMES: dict[str, str] = {
     "dp-pasgd": "DP-PASGD (000)",
     "zcdp-secagg": "zCDP + SecAgg (002)",
     "fedsgd-dpc": "FedSGD-DPC (004)",
+    "aircomp": "over-the-air aggregation, distributed DP (this testbed; not in 003)",
 }
 
 #: The printed epsilons of Table I.

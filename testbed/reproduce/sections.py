@@ -6,6 +6,7 @@ report. A statement is written wherever the printed claim does not hold in what 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,7 @@ def _table1_statements(cells: list[RunCell], quick: bool) -> list[str]:
                                 f"{p:.2f}% (more than 2 points apart; settings in the "
                                 "section 'Settings')."
                             )
+    out.extend(_aircomp_statements(cells))
     failed = [c for c in cells if c.row.get("status") not in ("completed",)]
     for c in failed:
         out.append(f"{c.dataset}, {c.scheme}, eps {c.epsilon:g}: status {c.row.get('status')} "
@@ -186,6 +188,47 @@ def _table1_statements(cells: list[RunCell], quick: bool) -> list[str]:
         out.append("--quick: every run is a few rounds long; these accuracies exercise the "
                    "pipeline and are not a reproduction of Table I.")
     return out
+
+
+def _aircomp_statements(cells: list[RunCell]) -> list[str]:
+    """aircomp beside the TDMA schemes: accuracy at the same epsilon, and the air time and
+    radio energy per round (its metrics' ``aircomp`` entries against ldp-fedavg's uploads)."""
+    out: list[str] = []
+    for c in cells:
+        if c.scheme != "aircomp" or c.row.get("status") != "completed":
+            continue
+        lines = [json.loads(x) for x in (c.run_dir / "metrics.jsonl").read_text().splitlines()
+                 if x.strip()]
+        air = [ln["aircomp"] for ln in lines if ln.get("aircomp")]
+        if not air:
+            continue
+        slot = sum(a["airtime_s"] for a in air) / len(air)
+        tdma = sum(a["tdma_airtime_s"] for a in air) / len(air)
+        energy = _radio_energy_per_round(c)
+        tdma_energy = next((_radio_energy_per_round(o) for o in cells
+                            if o.scheme == "ldp-fedavg" and o.dataset == c.dataset
+                            and o.epsilon == c.epsilon and o.row.get("status") == "completed"),
+                           None)
+        others = {s: _acc(cells, c.dataset, c.epsilon, s)
+                  for s in ("ldp-fedavg", "channel-dp")}
+        acc = c.row.get("final_accuracy")
+        versus = ", ".join(f"{s} {100 * a:.2f}%" for s, a in others.items() if a is not None)
+        out.append(
+            f"{c.dataset}, eps {c.epsilon:g}: aircomp (every device in one slot, each adding "
+            f"its share of the noise; distributed trust, docs/aircomp.md) "
+            f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}"
+            f"{f' against {versus} (TDMA, local noise)' if versus else ''}; air time per round "
+            f"{slot:.4g} s against {tdma:.4g} s of TDMA slots for the same uploads "
+            f"({tdma / slot:.3g}x), radio energy {energy:.4g} J per round, all devices"
+            f"{'' if tdma_energy is None else f' (ldp-fedavg: {tdma_energy:.4g} J)'}. Central "
+            "DP-SGD on the pooled data: benchmarks/bench_central_dpsgd.py --full.")
+    return out
+
+
+def _radio_energy_per_round(cell: RunCell) -> float:
+    """Radio energy of all devices per completed round (J), from the run's summary."""
+    total = cell.row.get("energy_comm_j") or 0.0
+    return float(total) / max(1, int(cell.row.get("rounds_completed") or 1))
 
 
 FIG2A_HEADER = ("data set", "epsilon target", "scheme", "planned sigma^2",

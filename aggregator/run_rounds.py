@@ -21,6 +21,7 @@ from aggregator.solver.calibration import uploads_to_target
 from aggregator.summary import summary as build_summary
 from radio.link import LinkFailed
 from testbed.core.interrupts import StopSignals
+from testbed.core.process_clock import process_age_s
 from testbed.core.run_errors import TrainingDiverged
 
 #: Called after every round with the round's metrics line.
@@ -71,6 +72,7 @@ def run_rounds(
             reason = _target_reason(loop, hit - 1)
             start_round = cfg.rounds
     summary: dict[str, Any] = {}
+    startup_s: float | None = None  # this process's age when its first round began
     try:
         # The device side first: a training pool's workers fork before signal handlers,
         # link processes and threads exist, and it is closed (workers reaped) after the link.
@@ -80,6 +82,7 @@ def run_rounds(
             devices.open_link(record_dir) as link,
         ):
             shown.start()
+            startup_s = process_age_s()
             for t in range(start_round, cfg.rounds):
                 stop.check()
                 line = loop._round(t, link, stop)
@@ -116,7 +119,7 @@ def run_rounds(
         try:
             summary = build_summary(state, status, reason, time.perf_counter() - t_start,
                                     workers=devices.workers,
-                                    energy_source=devices.energy_source)
+                                    energy_source=devices.energy_source, startup_s=startup_s)
             if state.book is not None:
                 state.book.close()
             rundir.write_summary(summary)

@@ -18,11 +18,15 @@ from testbed.core.config.link import link_name
 
 def summary(
     state: RunState, status: str, reason: str, wall: float, *, workers: int,
-    energy_source: str,
+    energy_source: str, startup_s: float | None = None,
 ) -> dict[str, Any]:
     """The run's ``summary.json``: how it ended, accuracy, energy and every listed device's
     privacy (epsilon with its unit, accountant, delta and trust), read from the run
-    directory's files (the truth after any restart)."""
+    directory's files (the truth after any restart).
+
+    ``wall``: seconds of this process's rounds (``wall_time_s``). ``startup_s``: seconds
+    from this process's start to its first round (imports, config, data, model, link;
+    :func:`testbed.core.process_clock.process_age_s`), kept as ``startup_s`` when known."""
     metrics = state.rundir.metrics()
     completed = len(metrics)  # the files are the truth (one line per committed round)
     evals = [m for m in metrics if "test_accuracy" in m]
@@ -121,6 +125,8 @@ def summary(
         },
         "wall_time_s": round(wall, 3),
     }
+    if startup_s is not None:
+        out["startup_s"] = round(startup_s, 3)
     if state.cfg.scheme == "zcdp-secagg":
         out["secagg_rounds_abandoned"] = sum(
             1 for m in metrics if m.get("secagg", {}).get("status") == "abandoned")

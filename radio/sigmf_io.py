@@ -14,9 +14,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import sigmf
-from sigmf import SigMFFile
-from sigmf.sigmffile import fromfile
 
 #: Namespace of the testbed's own SigMF keys.
 NS = "dpfl"
@@ -66,6 +63,9 @@ def write_recording(
     estimates: Mapping[str, float] | None = None,
 ) -> Path:
     """Write one upload's received I/Q as SigMF; returns the ``.sigmf-meta`` path."""
+    import sigmf  # on use, as in read_recording: it imports jsonschema, 40 ms of every run
+    from sigmf import SigMFFile
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = directory / recording_stem(device, round_index)
@@ -118,6 +118,9 @@ def read_recording(directory: Path, device: int, round_index: int) -> Recording:
         raise FileNotFoundError(
             f"no recording of device {device}, round {round_index} in '{directory}'"
         )
+    import sigmf
+    from sigmf.sigmffile import fromfile
+
     handle = fromfile(str(meta_path))
     samples = handle.read_samples().astype(np.complex64)
     glob = handle.get_global_info()

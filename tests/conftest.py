@@ -1,9 +1,11 @@
-"""Shared fixtures: a small, learnable IDX data set written by the tests themselves."""
+"""Shared fixtures: a small, learnable IDX data set written by the tests themselves, and a
+data cache of the session's own (never the user's)."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from hypothesis import settings
 
 from radio.uhd_probe import LOOPBACK_ONLY_ENV
+from testbed.core.data.cache import CACHE_ENV
 from testbed.core.data.idx import write_idx
 
 # Property tests draw the same examples on every run of the default selection, so a landing
@@ -35,6 +38,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # TESTBED_USRP=1, is the exception).
     if os.environ.get("TESTBED_USRP") != "1":
         os.environ[LOOPBACK_ONLY_ENV] = "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The data cache (:mod:`testbed.core.data.cache`) of this session, in its temporary
+    folder, for this process and every process a test starts: no test reads or writes the
+    user's cache."""
+    folder = tmp_path_factory.mktemp("data-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(folder))
+        yield folder
 
 
 def make_idx_dataset(

@@ -31,9 +31,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import zmq
-from zmq.utils import z85
-
 from testbed.core.rundir import fsync_dir
 
 #: Largest number of devices one key set holds.
@@ -247,6 +244,8 @@ def generate_keys(out_dir: Path, devices: int) -> KeySet:
     created: list[Path] = []
 
     def pair(public_path: Path, secret_path: Path, metadata: dict[str, str]) -> bytes:
+        import zmq  # on use, here and below: not every command that imports this needs it
+
         public_z85, secret_z85 = zmq.curve_keypair()
         public_text = _certificate_text(_PUBLIC_BANNER, public_z85, None, metadata)
         _write_new_file(public_path, public_text, 0o644)
@@ -302,6 +301,8 @@ def _missing(path: Path, what: str) -> KeyFileMissingError:
 
 
 def _check_z85_key(path: Path, name: str, value: str) -> bytes:
+    from zmq.utils import z85
+
     raw = value.encode("ascii") if value.isascii() else b""
     try:
         decoded = z85.decode(raw) if len(raw) == _Z85_KEY_CHARS else b""
@@ -361,6 +362,8 @@ def read_certificate(path: Path) -> Certificate:
     public = _check_z85_key(path, "public-key", curve["public-key"])
     secret = None
     if "secret-key" in curve:
+        import zmq
+
         secret = _check_z85_key(path, "secret-key", curve["secret-key"])
         if zmq.curve_public(secret) != public:
             raise KeyFileError(f"{path}: public-key does not belong to secret-key; {KEYS_HINT}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from testbed.core.secagg.codec import FixedPointCodec
-from testbed.core.secagg.local_round import run_round
 
 #: Fixed-point range of an update coordinate (|x| beyond it is clipped before masking: a
 #: post-processing of the already private update). Updates here are noisy averaged
@@ -26,6 +25,9 @@ def round_codec(summands: int) -> FixedPointCodec:
 def secure_sum(updates: dict[int, np.ndarray], round_index: int) -> np.ndarray:
     """The sum of ``updates`` (device -> ``(d,)`` float64) through pairwise-mask secure
     aggregation with fresh X25519 keys (OS CSPRNG); returns the ``(d,)`` float64 sum."""
+    # on use: the key agreement's imports (cryptography) cost every run 15 ms otherwise
+    from testbed.core.secagg.local_round import run_round
+
     codec = round_codec(len(updates))
     clipped = {i: np.clip(np.asarray(u, dtype=np.float64), -COORDINATE_RANGE, COORDINATE_RANGE)
                for i, u in updates.items()}

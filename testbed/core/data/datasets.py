@@ -2,6 +2,8 @@
 
 Nothing is downloaded: files are read from a directory the user provides (Fashion-MNIST
 defaults to Debian's ``dataset-fashion-mnist`` at ``/usr/share/datasets/fashion-mnist``).
+Each split, once normalised, is kept in the data cache (:mod:`testbed.core.data.cache`,
+keyed by its files' sha256) and memory-mapped from there by later runs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.core.data.cache import cached_arrays
 from testbed.core.data.cifar import TEST_BATCH, TRAIN_BATCHES, read_cifar_batch
 from testbed.core.data.idx import read_idx
 
@@ -162,36 +165,46 @@ def _load(name: str, data_dir: str | Path | None, splits: tuple[str, ...], *,
                 f"cifar10: missing {missing} in '{folder}'. Provide the CIFAR-10 python "
                 "batches (cifar-10-batches-py: data_batch_1..5, test_batch) and set data_dir."
             )
-        arrays = {}
-        if "train" in splits:
-            parts = [read_cifar_batch(folder / n) for n in (present if shard else TRAIN_BATCHES)]
-            arrays["x_train"] = np.concatenate([x for x, _ in parts])
-            arrays["y_train"] = np.concatenate([y for _, y in parts])
-        if "test" in splits:
-            arrays["x_test"], arrays["y_test"] = read_cifar_batch(folder / TEST_BATCH)
-    else:
-        keys = [k for k in IDX_STEMS if k.split("_")[1] in splits]
-        arrays = {k: read_idx(_find_idx(directory, IDX_STEMS[k], name)) for k in keys}
-        for k in ("x_train", "x_test"):
-            if k in arrays:
-                arrays[k] = arrays[k][:, None, :, :]
-    for split in ("train", "test"):
-        x, y = arrays.get(f"x_{split}"), arrays.get(f"y_{split}")
-        if x is None or y is None:
-            continue
+        sources = {"train": [folder / n for n in (present if shard else TRAIN_BATCHES)],
+                   "test": [folder / TEST_BATCH]}
+    else:  # images, then labels
+        sources = {split: [_find_idx(directory, IDX_STEMS[f"{xy}_{split}"], name)
+                           for xy in ("x", "y")]
+                   for split in ("train", "test") if split in splits}
+    arrays = {split: _normalised_split(name, directory, split, sources[split])
+              for split in ("train", "test") if split in splits}
+    shape = next(iter(arrays.values()))["x"].shape[1:]
+    # the splits not read: empty, of the same shape
+    empty = {"x": _normalise(np.zeros((0, *shape), dtype=np.uint8), name),
+             "y": np.zeros(0, dtype=np.int64)}
+    train, test = arrays.get("train", empty), arrays.get("test", empty)
+    return Dataset(name=name, x_train=train["x"], y_train=train["y"], x_test=test["x"],
+                   y_test=test["y"])
+
+
+def _normalised_split(name: str, directory: Path, split: str,
+                      files: list[Path]) -> dict[str, np.ndarray]:
+    """One split read from ``files`` (IDX: images, labels; CIFAR-10: its batches):
+    ``{"x": normalised float32 images, "y": int64 labels}``, through the data cache
+    (:mod:`testbed.core.data.cache`, keyed by the files' sha256 and :data:`NORMALISATION`).
+
+    Raises
+    ------
+    ValueError
+        The files hold different numbers of images and labels (or are malformed).
+    """
+
+    def build() -> dict[str, np.ndarray]:
+        if name == "cifar10":
+            parts = [read_cifar_batch(f) for f in files]
+            x = np.concatenate([x for x, _ in parts])
+            y = np.concatenate([y for _, y in parts])
+        else:
+            x, y = read_idx(files[0])[:, None, :, :], read_idx(files[1])
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"{name}: image and label counts differ in '{directory}'")
-        arrays[f"y_{split}"] = y.astype(np.int64)
-    shape = next(arrays[k].shape[1:] for k in ("x_train", "x_test") if k in arrays)
-    for split in ("train", "test"):  # the splits not read: empty, of the same shape
-        arrays.setdefault(f"x_{split}", np.zeros((0, *shape), dtype=np.uint8))
-        arrays.setdefault(f"y_{split}", np.zeros(0, dtype=np.int64))
-    x_train, y_train = arrays["x_train"], arrays["y_train"]
-    x_test, y_test = arrays["x_test"], arrays["y_test"]
-    return Dataset(
-        name=name,
-        x_train=_normalise(x_train, name),
-        y_train=y_train,
-        x_test=_normalise(x_test, name),
-        y_test=y_test,
-    )
+        return {"x": _normalise(x, name), "y": y.astype(np.int64)}
+
+    mean, std = NORMALISATION[name]
+    params = {"dataset": name, "split": split, "mean": list(mean), "std": list(std)}
+    return cached_arrays(f"{name}-{split}", params, files, build)

@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 CONVERSIONS = ("standard", "balle2020")
 ORDER_MIN = 1.0 + 1e-6
@@ -165,6 +164,8 @@ def epsilon_from_rdp(
     best_x, best = float(grid[i]), float(values[i])
     left, right = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, _GRID - 1)])
     if right > left:
+        from scipy.optimize import minimize_scalar  # on use: scipy.optimize takes 0.3 s
+
         res = minimize_scalar(
             objective, bounds=(left, right), method="bounded", options={"xatol": 1e-10}
         )

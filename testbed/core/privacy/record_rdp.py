@@ -26,7 +26,6 @@ import functools
 import math
 
 import numpy as np
-from scipy import special
 
 #: Renyi orders searched by the record accountant: dp_accounting's default grid
 #: (1.1 .. 10.9, 11 .. 63, 128 .. 1024), widened at both ends.
@@ -55,6 +54,8 @@ def extended_orders(orders: tuple[float, ...]) -> tuple[float, ...]:
 @functools.lru_cache(maxsize=8)
 def _integer_terms(orders: tuple[float, ...]) -> tuple[np.ndarray, ...]:
     """Flat ``(i, a - i, log C(a, i))`` over every integer order, and segment starts."""
+    from scipy import special  # on use, as below: 30 ms to import, which a run may not need
+
     ints = [int(a) for a in orders if float(a).is_integer()]
     i = np.concatenate([np.arange(a + 1, dtype=np.float64) for a in ints])
     a = np.concatenate([np.full(a + 1, a, dtype=np.float64) for a in ints])
@@ -79,6 +80,8 @@ def _log_a_integer(q: float, z: float, orders: tuple[float, ...]) -> np.ndarray:
 
 
 def _log_erfc(x: np.ndarray) -> np.ndarray:
+    from scipy import special
+
     return math.log(2.0) + special.log_ndtr(-x * math.sqrt(2.0))
 
 
@@ -88,6 +91,8 @@ def _log_a_fractional(q: float, z: float, alphas: np.ndarray) -> np.ndarray:
     Terms are evaluated in chunks for the orders whose series has not yet stopped, with
     dp_accounting's stopping rule: both terms decreasing and ``e^-30`` below the total.
     """
+    from scipy import special
+
     z0 = z * z * math.log(1.0 / q - 1.0) + 0.5
     log_q, log_1mq = math.log(q), math.log1p(-q)
     out = np.full(alphas.shape, np.inf)  # an order that does not converge stays inf

@@ -39,9 +39,9 @@ Randomness:
   refuses a generator. ``secure_sampling=False`` takes a ``numpy`` generator (reproducible
   from the experiment seed); the accountant must then credit no amplification.
 * **Noise.** Always :func:`testbed.core.noise.gaussian` (``os.urandom`` + Box-Muller in
-  float64), never seeded from anything, in both sampling modes. It costs about 1 ms per step
-  for d = 21,840 (15 % of a record-level step at B = 32, 2 % at B = 256), so no faster PRNG
-  seeded from the CSPRNG is used.
+  float64), never seeded from anything, in both sampling modes. It costs about 1-1.2 ms per step
+  for d = 21,840 (about 20 % of a record-level step at B = 32, 3 % at B = 256, with the
+  default per-example backend), and no faster PRNG seeded from the CSPRNG is used.
 """
 
 from __future__ import annotations
@@ -139,10 +139,9 @@ class RecordTrainer:
         ``None``, or the device's rows of ``x`` and ``y``, ``int`` ``(D,)``: nothing is
         copied per device, each batch gathers its rows.
     backend
-        Per-example gradient machinery: ``"vmap"`` (default: ``torch.func``), ``"layers"``
-        (the project's layer-wise closed forms, about 1.5x faster; checked against ``vmap``
-        in the tests) or ``"auto"`` (``layers`` where every layer is supported)
-        (:mod:`edge_device.per_example`).
+        Per-example gradient machinery (:mod:`edge_device.per_example`), decided once here:
+        ``"auto"`` (default: the layer-wise formulas where they cover every parameterised
+        layer of the model, else ``torch.func.vmap``), ``"layers"`` or ``"vmap"``.
     device
         Where the model trains and the per-example gradients are computed
         (``compute.device`` resolved, :func:`testbed.core.compute.resolve_device`);
@@ -158,7 +157,7 @@ class RecordTrainer:
         y: np.ndarray,
         *,
         index: np.ndarray | None = None,
-        backend: Backend = "vmap",
+        backend: Backend = "auto",
         device: torch.device | None = None,
     ) -> None:
         self.data = DeviceData(
@@ -168,6 +167,15 @@ class RecordTrainer:
         self.model = model.to(self.device)
         self.clipped_sum = ClippedGradientSum(model, backend=backend, device=self.device)
         self.d = self.clipped_sum.d
+        params = self.clipped_sum.params
+        # one flat step buffer whose views are the parameters' shapes: an SGD step is two
+        # tensor operations, whatever the number of layers
+        self._step = torch.empty(self.d, dtype=params[0].dtype, device=self.device)
+        self._step_views = [
+            v.view_as(p)
+            for v, p in zip(torch.split(self._step, [p.numel() for p in params]), params,
+                            strict=True)
+        ]
 
     @property
     def n_examples(self) -> int:
@@ -238,35 +246,29 @@ class RecordTrainer:
         inv_b = 1.0 / expected_batch_size
         set_flat(self.model, w_global)
         self.model.train()
-        params = self.clipped_sum.params
         dev = self.device
         differential = torch.zeros(self.d, dtype=torch.float64, device=dev)
         sizes = np.zeros(steps, dtype=np.int64)
-        loss_total, seen = 0.0, 0
+        loss_total = torch.zeros((), dtype=torch.float64, device=dev)  # no sync per step
         for t in range(steps):
             idx = poisson_sample(n, q, rng=None if secure_sampling else rng)
             sizes[t] = idx.size
             if idx.size:
                 xb, yb = self.data.batch(torch.from_numpy(idx))
                 total, _, losses = self.clipped_sum(xb.to(dev), yb.to(dev), example_clip)
-                loss_total += float(losses.double().sum())
-                seen += int(idx.size)
+                loss_total += losses.double().sum()
             else:
                 total = torch.zeros(self.d, dtype=torch.float32, device=dev)
             if sigma_sum > 0:  # drawn on the CPU (OS CSPRNG), rounded there, then moved
                 total = total + torch.from_numpy(gaussian(self.d, sigma_sum)).float().to(dev)
-            step = total * inv_b  # (d,) float32: this step's noisy gradient estimate
-            with torch.no_grad():
-                start = 0
-                for p in params:
-                    k = p.numel()
-                    p.add_(step[start : start + k].view_as(p), alpha=-lr)
-                    start += k
+            torch.mul(total, inv_b, out=self._step)  # (d,) float32: the noisy gradient
+            self._sgd_step(lr)
             differential += total.double() * inv_b
+        seen = int(sizes.sum())
         return RecordResult(
             weights=get_flat(self.model),
             differential=differential.cpu().numpy(),
-            mean_loss=loss_total / seen if seen else math.nan,
+            mean_loss=float(loss_total) / seen if seen else math.nan,
             batch_sizes=sizes,
             sampling_rate=q,
             noise_multiplier=float(noise_multiplier),
@@ -342,13 +344,8 @@ class RecordTrainer:
         if laplace_scale > 0:
             # drawn on the CPU (OS CSPRNG) in float64, then moved
             differential += torch.from_numpy(laplace_noise(self.d, float(laplace_scale))).to(dev)
-        step = differential.float()
-        with torch.no_grad():
-            offset = 0
-            for p in self.clipped_sum.params:
-                k = p.numel()
-                p.add_(step[offset : offset + k].view_as(p), alpha=-lr)
-                offset += k
+        self._step.copy_(differential)  # rounded to float32
+        self._sgd_step(lr)
         return RecordResult(
             weights=get_flat(self.model),
             differential=differential.cpu().numpy(),
@@ -358,6 +355,12 @@ class RecordTrainer:
             noise_multiplier=float(laplace_scale) * public / float(example_clip),
             secure_sampling=False,
         )
+
+    def _sgd_step(self, lr: float) -> None:
+        """``w -= lr * step`` for the flat ``(d,)`` step held in ``self._step`` (in
+        ``model.parameters()`` order): one multi-tensor update over its precomputed views."""
+        with torch.no_grad():
+            torch._foreach_add_(self.clipped_sum.params, self._step_views, alpha=-lr)
 
     def _check(
         self, steps: int, batch: int, lr: float, clip: float, noise_multiplier: float

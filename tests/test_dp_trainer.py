@@ -239,13 +239,30 @@ def test_batchnorm_is_refused() -> None:
             RecordTrainer(model, x, y, backend=backend)  # type: ignore[arg-type]
 
 
+class _Scale(nn.Module):
+    """A parameterised layer the layer-wise formulas do not know."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+
 def test_backend_choice_and_fallbacks() -> None:
     assert ClippedGradientSum(build_model("mnist-cnn", (1, 28, 28), 0)).backend == "layers"
     norm_model = nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.LayerNorm(16),
                                nn.Linear(16, 10))
-    assert ClippedGradientSum(norm_model).backend == "vmap"
+    assert ClippedGradientSum(norm_model).backend == "layers"  # LayerNorm: vmap of the layer
+    own_model = nn.Sequential(nn.Flatten(), nn.Linear(784, 16), _Scale(16), nn.Linear(16, 10))
+    assert ClippedGradientSum(own_model).backend == "vmap"
     with pytest.raises(ValueError, match="vmap"):
-        ClippedGradientSum(norm_model, backend="layers")
+        ClippedGradientSum(own_model, backend="layers")
+    x, y = (torch.from_numpy(a) for a in _data(5, seed=14))
+    torch.testing.assert_close(ClippedGradientSum(own_model)(x, y, 0.5)[0],
+                               _manual_clipped_sum(own_model, x, y, 0.5)[0],
+                               rtol=1e-4, atol=1e-6)
 
     class Twice(nn.Module):  # one layer applied twice: per-layer formulas do not apply
         def __init__(self) -> None:

@@ -157,12 +157,14 @@ class PrivacyConfig(_Strict):
             "null = calibrated to epsilon"
         ),
     )
-    per_example: Literal["vmap", "layers"] = Field(
-        "vmap",
+    per_example: Literal["auto", "vmap", "layers"] = Field(
+        "auto",
         description=(
-            "record unit: per-example gradients by torch.func (vmap over grad) or by the "
-            "project's layer-wise closed forms (about 1.5x faster on the CNN, checked "
-            "against vmap; edge_device/per_example.py)"
+            "record unit: per-example gradients by the layer-wise formulas (ghost norms of "
+            "linear layers, batched per-example convolution gradients; the same clipped sum "
+            "as vmap, checked against it) where they cover every parameterised layer of the "
+            "model ('auto', decided once per model; 'layers' refuses a model they do not "
+            "cover), or by torch.func (vmap over grad, any model); edge_device/per_example.py"
         ),
     )
     stop_on_budget: bool = Field(

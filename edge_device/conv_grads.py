@@ -1,0 +1,184 @@
+"""Per-example weight gradients of convolutions, batched over the examples.
+
+Example ``i``'s gradient of an ``nn.Conv1d`` / ``nn.Conv2d`` / ``nn.Conv3d`` weight is
+``dW_i[o, c, k] = sum_t go_i[o, t] a_i[c, t * stride + k * dilation]`` (``a`` the padded
+input, ``go`` the gradient of the summed loss with respect to the output, ``t`` over the
+output positions). Three exact ways to form all ``b`` of them at once, chosen per call from
+the shapes alone (:func:`choose_method`):
+
+* ``"patches"``: the input's patches copied out of one strided view, ``(b * groups,
+  in / groups * prod(k), L)`` with the output positions ``L`` innermost, times the output
+  gradients in one batched matrix product;
+* ``"patches_last"`` (``groups == 1``): the same with the input channels innermost
+  (channels-last patches ``(b, L, prod(k) * in)``), so that each copied run is
+  ``k_last * in`` long rather than the output's last extent; the rows then come out in the
+  layout ``(out, *k, in)``;
+* ``"grouped"``: ``torch.nn.grad.conv<n>d_weight`` of a convolution whose groups are the
+  examples (times the layer's groups).
+
+On one CPU thread (oneDNN), measured on 12 layer shapes at ``b = 64``: ``grouped`` is the
+fastest when both channel counts per group are multiples of 8 and there are at least 64
+output positions (its blocked kernels); otherwise ``patches`` or ``patches_last``, whichever
+copies longer runs (the MNIST CNN's second layer: runs of 50 against 8, 15 % faster). All
+three are faster than a grouped *forward* convolution over the batch and than
+``torch.nn.functional.unfold`` on every shape measured.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Method = Literal["patches", "patches_last", "grouped"]
+METHODS: tuple[str, ...] = ("patches", "patches_last", "grouped")
+
+_CONV_WEIGHT = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight,
+                3: torch.nn.grad.conv3d_weight}
+
+
+def conv_padding(conv: nn.Module) -> tuple[list[int], str]:
+    """``torch.nn.functional.pad``'s argument (last dimension first) and mode for ``conv``,
+    as the layer pads its input (``"same"`` puts the odd element on the right)."""
+    kernel, dilation = conv.kernel_size, conv.dilation  # type: ignore[union-attr]
+    padding = conv.padding  # type: ignore[union-attr]
+    pads: list[int] = []
+    for i in reversed(range(len(kernel))):
+        if padding == "valid":
+            left = right = 0
+        elif padding == "same":
+            total = dilation[i] * (kernel[i] - 1)
+            left, right = total // 2, total - total // 2
+        else:
+            left = right = padding[i]  # type: ignore[index]
+        pads += [left, right]
+    mode = conv.padding_mode  # type: ignore[union-attr]
+    return pads, "constant" if mode == "zeros" else str(mode)
+
+
+def choose_method(conv: nn.Module, a: torch.Tensor, go: torch.Tensor) -> Method:
+    """The fastest exact method for this layer and these shapes (module docstring).
+
+    Parameters
+    ----------
+    conv
+        The layer.
+    a, go
+        Its input ``(b, in, *spatial)`` and output gradient ``(b, out, *out)``.
+
+    Returns
+    -------
+    Method
+        On a CPU as measured there; elsewhere (CUDA) ``"patches"``.
+    """
+    if a.device.type != "cpu":
+        return "patches"
+    groups = conv.groups  # type: ignore[union-attr]
+    c, out = a.shape[1] // groups, go.shape[1] // groups
+    if c % 8 == 0 and out % 8 == 0 and math.prod(go.shape[2:]) >= 64:
+        return "grouped"
+    stride, dilation = conv.stride[-1], conv.dilation[-1]  # type: ignore[union-attr,index]
+    run_first = go.shape[-1] if stride == 1 else 1  # contiguous run, positions innermost
+    run_last = c * (conv.kernel_size[-1] if dilation == 1 else 1)  # type: ignore[union-attr,index]
+    return "patches_last" if groups == 1 and run_last > run_first else "patches"
+
+
+def conv_weight_rows(
+    a: torch.Tensor, go: torch.Tensor, conv: nn.Module, method: Method | None = None
+) -> tuple[torch.Tensor, bool]:
+    """Per-example weight gradients as rows, in the layout the method leaves them.
+
+    Parameters
+    ----------
+    a
+        The layer's input, ``(b, in, *spatial)``.
+    go
+        Gradient of the summed loss with respect to the layer's output, ``(b, out, *out)``.
+    conv
+        The layer (kernel size, stride, padding, padding mode, dilation, groups).
+    method
+        ``None``: :func:`choose_method`.
+
+    Returns
+    -------
+    rows
+        ``(b, p)``, ``p = out * in / groups * prod(kernel)``: example ``i``'s gradient of
+        the weight, flattened in the weight's layout ``(out, in / groups, *kernel)``, or,
+        when ``channels_last``, in the layout ``(out, *kernel, in)``.
+    channels_last
+        Whether the rows are in the ``(out, *kernel, in)`` layout (``"patches_last"``).
+    """
+    kernel, stride, dilation = conv.kernel_size, conv.stride, conv.dilation  # type: ignore[union-attr]
+    groups = conv.groups  # type: ignore[union-attr]
+    method = choose_method(conv, a, go) if method is None else method
+    if method not in METHODS or (method == "patches_last" and groups != 1):
+        raise ValueError(f"method={method!r} is not one of {METHODS} for groups={groups}")
+    b, c = a.shape[:2]
+    out, out_sp = go.shape[1], go.shape[2:]
+    nd, positions = len(kernel), math.prod(go.shape[2:])
+    pads, mode = conv_padding(conv)
+    symmetric = mode == "constant" and all(pads[2 * j] == pads[2 * j + 1] for j in range(nd))
+    if method == "grouped" and symmetric:  # the weight gradient pads by itself
+        padding = tuple(pads[2 * (nd - 1 - j)] for j in range(nd))
+    else:
+        padding = (0,) * nd
+        if any(pads):
+            a = F.pad(a, pads, mode=mode)
+    if method == "grouped":
+        gw = _CONV_WEIGHT[nd](
+            a.reshape(1, b * c, *a.shape[2:]),
+            (b * out, c // groups, *kernel),
+            go.reshape(1, b * out, *out_sp),
+            stride=stride, padding=padding, dilation=dilation, groups=b * groups,
+        )
+        return gw.reshape(b, -1), False
+    last = method == "patches_last"
+    if last:  # channels innermost: (b, *spatial, in)
+        a = a.movedim(1, -1)
+    a = a.contiguous()
+    st = a.stride()
+    sp = range(1, 1 + nd) if last else range(2, 2 + nd)  # the spatial dimensions' strides
+    k_strides = [st[d] * dilation[j] for j, d in enumerate(sp)]
+    t_strides = [st[d] * stride[j] for j, d in enumerate(sp)]
+    if last:  # patches[i, *t, *k, c] = a[i, t * stride + k * dilation, c]
+        patches = a.as_strided((b, *out_sp, *kernel, c), (st[0], *t_strides, *k_strides, 1))
+        cols = patches.reshape(b, positions, math.prod(kernel) * c)  # one copy
+        return torch.bmm(go.reshape(b, out, positions), cols).reshape(b, -1), True
+    # patches[i, c, *k, *t] = a[i, c, t * stride + k * dilation]
+    patches = a.as_strided((b, c, *kernel, *out_sp), (st[0], st[1], *k_strides, *t_strides))
+    cols = patches.reshape(b * groups, (c // groups) * math.prod(kernel), positions)  # one copy
+    gw = torch.bmm(go.reshape(b * groups, out // groups, positions), cols.transpose(1, 2))
+    return gw.reshape(b, -1), False
+
+
+def to_weight_layout(flat: torch.Tensor, conv: nn.Module) -> torch.Tensor:
+    """A ``(..., p)`` tensor in the ``(out, *kernel, in)`` layout, returned in the weight's
+    ``(out, in, *kernel)`` layout (a copy), same shape."""
+    weight = conv.weight  # type: ignore[union-attr]
+    out, c, *kernel = weight.shape
+    lead = flat.shape[:-1]
+    x = flat.reshape(*lead, out, *kernel, c).movedim(-1, len(lead) + 1)
+    return x.reshape(*lead, -1)
+
+
+def conv_weight_grad_per_example(
+    a: torch.Tensor, go: torch.Tensor, conv: nn.Module, *, method: Method | None = None
+) -> torch.Tensor:
+    """Per-example weight gradients of an ``nn.Conv1d`` / ``nn.Conv2d`` / ``nn.Conv3d``.
+
+    Parameters
+    ----------
+    a, go, conv, method
+        As :func:`conv_weight_rows`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(b, out * in / groups * prod(kernel))``: row ``i`` is example ``i``'s gradient of the
+        weight, flattened in the weight's layout ``(out, in / groups, *kernel)``.
+    """
+    rows, last = conv_weight_rows(a, go, conv, method)
+    return to_weight_layout(rows, conv) if last else rows

@@ -1,0 +1,257 @@
+"""The layer-wise per-example backend (edge_device/layer_grads.py), the default, is exact.
+
+Its clipped sums, norms and losses are compared with ``torch.func.vmap`` over the whole model
+and with a per-example loop, on the project's models and on layers of every kind it covers,
+at several batch sizes, in both norms, with a clip that leaves some examples unclipped and
+clips the others. Fallbacks to ``vmap`` are checked to give the same sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_device.conv_grads import METHODS, conv_weight_grad_per_example
+from edge_device.dp_trainer import RecordTrainer
+from edge_device.layer_grads import Unsupported
+from edge_device.per_example import ClippedGradientSum, clip_factors
+from testbed.core.models import build_model, get_flat
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class _Zoo(nn.Module):
+    """Every kind of layer the backend covers, with awkward settings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 4, 3, padding="same", padding_mode="reflect")
+        self.gn = nn.GroupNorm(2, 4)
+        self.c2 = nn.Conv2d(4, 8, 3, stride=2, padding=1, groups=2, padding_mode="circular")
+        self.act = nn.PReLU(8)
+        self.up = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.c3 = nn.Conv2d(8, 8, 3, padding=2, dilation=2, bias=False)  # the grouped path
+        self.c1d = nn.Conv1d(8, 5, 4, stride=3, padding="valid")
+        self.ln = nn.LayerNorm(5 * 261)
+        self.rms = nn.RMSNorm(16)
+        self.fc1 = nn.Linear(5 * 261, 16)
+        self.fc2 = nn.Linear(16, 10, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.c2(torch.relu(self.gn(self.c1(x)))))  # (b, 8, 14, 14)
+        h = torch.tanh(self.c3(self.up(h)))  # (b, 8, 28, 28)
+        h = self.c1d(h.flatten(2))  # (b, 5, 261)
+        return self.fc2(self.rms(torch.tanh(self.fc1(self.ln(h.flatten(1))))))
+
+
+class _Conv3d(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv3d(1, 3, (2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1))
+        self.fc = nn.Linear(3 * 3 * 4 * 14, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.c(x.reshape(-1, 1, 4, 7, 28))).flatten(1))
+
+
+class _Tokens(nn.Module):
+    """Embeddings and a linear layer on ``(b, T, in)`` inputs (materialised per example)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8, padding_idx=0)
+        self.mix = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(self.emb(x))).mean(1))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "mnist-cnn": lambda: build_model("mnist-cnn", (1, 28, 28), seed=3),
+    "logreg": lambda: build_model("logreg", (1, 28, 28), seed=3),
+    "cifar-cnn": lambda: build_model("cifar-cnn", (3, 32, 32), seed=3),
+    "zoo": _Zoo,
+    "conv3d": _Conv3d,
+    "tokens": _Tokens,
+}
+
+
+def _batch(name: str, b: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 10, (b,), generator=gen)
+    if name == "tokens":
+        return torch.randint(0, 50, (b, 7), generator=gen), y
+    shape = (3, 32, 32) if name == "cifar-cnn" else (1, 28, 28)
+    return 2.0 * torch.randn(b, *shape, generator=gen), y
+
+
+def _loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, norm: int
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: one backward pass per example; factors as the backends compute them."""
+    grads = []
+    for i in range(len(y)):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1], reduction="sum").backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))  # type: ignore[union-attr]
+    rows = torch.stack(grads).double()
+    norms = rows.abs().sum(1) if norm == 1 else rows.norm(dim=1)
+    return clip_factors(norms, clip).double() @ rows, norms
+
+
+@pytest.mark.parametrize("norm", [2, 1])
+@pytest.mark.parametrize("b", [1, 6, 33])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_layers_equal_vmap_and_a_loop(name: str, b: int, norm: int) -> None:
+    model = MODELS[name]()
+    x, y = _batch(name, b, seed=b)
+    layers = ClippedGradientSum(model)
+    assert layers.backend == "layers"  # the default covers every one of these models
+    vm = ClippedGradientSum(model, backend="vmap")
+    _, raw, _ = vm(x, y, 1e30, norm=norm)  # type: ignore[arg-type]
+    clip = float(raw.median()) if b > 1 else 0.5 * float(raw[0])
+    total, norms, losses = layers(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    ref_total, ref_norms, ref_losses = vm(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    if b > 1:  # some examples keep their gradient, the others are clipped
+        assert bool((ref_norms < clip).any()) and bool((ref_norms > clip).any())
+    scale = clip * b
+    torch.testing.assert_close(norms, ref_norms, rtol=2e-5, atol=1e-6 * clip)
+    torch.testing.assert_close(total, ref_total, rtol=1e-4, atol=2e-6 * scale)
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    # one example at a time: other float32 roundings can move a max-pool's or a ReLU's choice
+    # where two inputs nearly tie, so the loop is compared as a whole, not coordinate-wise
+    loop_total, loop_norms = _loop(model, x, y, clip, norm)
+    torch.testing.assert_close(norms.double(), loop_norms, rtol=1e-3, atol=1e-6 * clip)
+    assert float((total.double() - loop_total).norm()) <= 1e-3 * float(loop_total.norm())
+    assert not model._forward_hooks  # nothing left on the (shared) model
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("norm", [2, 1])
+@pytest.mark.parametrize("name", ["zoo", "tokens", "cifar-cnn"])
+def test_one_clipped_example_stays_within_the_clip(name: str, norm: int) -> None:
+    model = MODELS[name]()
+    csum = ClippedGradientSum(model)
+    for seed in range(4):
+        x, y = _batch(name, 1, seed=100 + seed)
+        x = x * 30 if x.is_floating_point() else x
+        total, norms, _ = csum(x, y, 0.25, norm=norm)  # type: ignore[arg-type]
+        assert float(norms[0]) > 0.25
+        got = total.double().abs().sum() if norm == 1 else total.double().norm()
+        assert float(got) <= 0.25  # no tolerance: the float32 bound of the module docstring
+
+
+_CONVS: list[Callable[[], nn.Module]] = [
+    lambda: nn.Conv2d(1, 10, 5),
+    lambda: nn.Conv2d(10, 20, 5, stride=2, bias=False),
+    lambda: nn.Conv2d(8, 16, 3, padding=1),
+    lambda: nn.Conv2d(8, 16, (2, 3), stride=(2, 1), dilation=(1, 2), padding=(1, 0), groups=4),
+    lambda: nn.Conv2d(3, 6, 4, padding="same", padding_mode="replicate"),
+    lambda: nn.Conv2d(16, 8, 3, padding="same", dilation=3),
+    lambda: nn.Conv1d(6, 4, 3, stride=2, padding=2, padding_mode="circular"),
+    lambda: nn.Conv3d(2, 4, (1, 2, 3), padding=(0, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("k", range(len(_CONVS)))
+def test_conv_per_example_weight_gradients(k: int, method: str) -> None:
+    torch.manual_seed(k)
+    conv = _CONVS[k]()
+    spatial = {1: (19,), 2: (11, 13), 3: (3, 6, 7)}[conv.weight.ndim - 2]
+    a = torch.randn(5, conv.in_channels, *spatial)
+    go = torch.randn_like(conv(a))
+    if method == "patches_last" and conv.groups != 1:
+        with pytest.raises(ValueError, match="groups"):
+            conv_weight_grad_per_example(a, go, conv, method=method)  # type: ignore[arg-type]
+        return
+    got = conv_weight_grad_per_example(a, go, conv, method=method)  # type: ignore[arg-type]
+    for i in range(5):
+        (want,) = torch.autograd.grad((conv(a[i : i + 1]) * go[i : i + 1]).sum(), [conv.weight])
+        torch.testing.assert_close(got[i], want.reshape(-1), rtol=1e-4, atol=1e-5)
+
+
+class _Twice(nn.Module):
+    """One layer applied twice in a forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.a, self.out = nn.Linear(784, 32), nn.Linear(32, 32), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x.flatten(1)))
+        return self.out(torch.tanh(self.a(torch.tanh(self.a(h)))))
+
+
+def _inplace() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 5), nn.ReLU(inplace=True), nn.Flatten(),
+                         nn.Linear(4 * 24 * 24, 10))
+
+
+class _Folded(nn.Module):
+    """Each image's 28 rows folded into the batch dimension before a linear layer: row-wise
+    norms of that layer would be per image row, not per example."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows, self.out = nn.Linear(28, 8), nn.Linear(28 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        return self.out(torch.tanh(self.rows(x.reshape(b * 28, 28))).reshape(b, 28 * 8))
+
+
+def _tied() -> nn.Module:
+    first, second = nn.Linear(784, 784, bias=False), nn.Linear(784, 10)
+    second_in = nn.Linear(784, 784, bias=False)
+    second_in.weight = first.weight  # one parameter owned by two layers
+    return nn.Sequential(nn.Flatten(), first, nn.Tanh(), second_in, nn.Tanh(), second)
+
+
+@pytest.mark.parametrize("make", [_inplace, _tied, _Twice, _Folded])
+def test_fallbacks_to_vmap_give_the_same_sums(make: Callable[[], nn.Module]) -> None:
+    model = make()
+    x, y = _batch("mnist-cnn", 5, seed=21)
+    csum = ClippedGradientSum(model)
+    total, norms, _ = csum(x, y, 0.2)
+    assert csum.backend == "vmap"  # decided at set-up (tied) or at the first batch, for good
+    loop_total, loop_norms = _loop(model, x, y, 0.2, 2)
+    torch.testing.assert_close(norms.double(), loop_norms, rtol=2e-5, atol=1e-7)
+    torch.testing.assert_close(total.double(), loop_total, rtol=1e-4, atol=1e-6)
+    if make is not _tied:
+        with pytest.raises(Unsupported):
+            ClippedGradientSum(make(), backend="layers")(x, y, 0.2)
+
+
+def test_the_default_everywhere_is_auto_and_picks_layers() -> None:
+    from testbed.core.config.loader import load_experiment  # the run configuration's default
+
+    assert load_experiment(None, []).privacy.per_example == "auto"
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 1, 28, 28)).astype(np.float32)
+    y = (np.arange(40) % 10).astype(np.int64)
+    model = build_model("mnist-cnn", (1, 28, 28), 1)
+    trainer = RecordTrainer(model, x, y)
+    assert trainer.clipped_sum.backend == "layers"
+    w0 = get_flat(model)
+    kw = {"steps": 3, "expected_batch_size": 8, "lr": 0.1, "example_clip": 0.5,
+          "noise_multiplier": 0.0, "secure_sampling": False}
+    got = trainer.train(w0, rng=np.random.default_rng(3), **kw)  # type: ignore[arg-type]
+    ref = RecordTrainer(build_model("mnist-cnn", (1, 28, 28), 1), x, y, backend="vmap").train(
+        w0, rng=np.random.default_rng(3), **kw)  # type: ignore[arg-type]
+    assert np.array_equal(got.batch_sizes, ref.batch_sizes)
+    np.testing.assert_allclose(got.differential, ref.differential, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got.weights, ref.weights, rtol=1e-5, atol=1e-6)
+    assert got.mean_loss == pytest.approx(ref.mean_loss, rel=1e-6)
+    np.testing.assert_allclose(w0 - got.weights, 0.1 * got.differential, atol=1e-6)

@@ -110,6 +110,8 @@ class LocalTrainer:
     ) -> None:
         self.device = model_device(model) if device is None else torch.device(device)
         self.model = model.to(self.device)
+        #: the model's parameters, in order (listed once: every step goes over them twice)
+        self.params = list(self.model.parameters())
         self.data = DeviceData(x, y, index)
         self.loss_fn = nn.CrossEntropyLoss()
 
@@ -127,20 +129,21 @@ class LocalTrainer:
             raise ValueError(
                 f"need steps, batch_size >= 1 and lr > 0; got {steps}, {batch_size}, {lr}"
             )
-        model = self.model
+        model, params = self.model, self.params
         set_flat(model, w_global)
         model.train()
         n = len(self.data)
         losses = []
         for _ in range(steps):
             idx = torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
-            model.zero_grad(set_to_none=True)
+            for p in params:  # model.zero_grad(set_to_none=True)
+                p.grad = None
             xb, yb = self.data.batch(idx)
             xb, yb = xb.to(self.device), yb.to(self.device)  # no copy on the CPU
             loss = self.loss_fn(model(xb), yb)
             loss.backward()
             with torch.no_grad():
-                for p in model.parameters():
+                for p in params:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-lr)
             losses.append(float(loss.detach()))

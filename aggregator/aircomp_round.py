@@ -237,7 +237,8 @@ def keep_slot(state: RunState, t: int, order: list[int], entries: dict[int, dict
     others: ``None``; :func:`usable_kept`)."""
     for k, i in enumerate(order):
         vec = total if k == 0 else None
-        timer.timed("keep", lambda i=i, vec=vec: state.rundir.save_inflight(t, i, vec, entries[i]))
+        timer.timed("keep", lambda i=i, vec=vec: state.rundir.keep_upload(t, i, vec, entries[i]))
+    timer.timed("keep", state.rundir.sync_kept)  # one group commit for the slot
     fault_point("after_inflight")
 
 

@@ -11,7 +11,8 @@ One round ``t``:
    or edge agents over the control plane, TDMA slots and all) and **receive** their
    answers in device order;
 4. **decode and record** each (:func:`aggregator.settle.settle`): the ledger commit comes
-   before the upload is kept in ``inflight/``;
+   before the upload is kept in ``inflight/``, whose copies are made durable by one group
+   commit per batch of uploads and one after the round's last (:mod:`testbed.core.inflight`);
 5. **aggregate and evaluate** (:func:`aggregator.round_close.close_round`).
 
 Under 002's secure aggregation (``zcdp-secagg``) step 3-4 is one secure sum
@@ -212,3 +213,5 @@ class RoundLoop:
                 info, vec = settle(state, devices, t, i, nonce, gated, got.answer, link, rng,
                                    timer)
             entries[i], vectors[i] = info, vec
+        # The group commit of the uploads kept since the last batch's (one fsync).
+        timer.timed("keep", state.rundir.sync_kept)

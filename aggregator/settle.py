@@ -201,7 +201,9 @@ def settle(
         info |= {"resumed": True, "charged": True, "sent_again": True}
         if book is not None:
             info |= {f"epsilon_{k}": r.epsilon for k, r in book.epsilon(i).items()}
-    timer.timed("keep", lambda: state.rundir.save_inflight(t, i, vec, info))
+    # Kept after the ledger record is durable; durable itself at the group commit
+    # (testbed.core.inflight, invariant 1).
+    timer.timed("keep", lambda: state.rundir.keep_upload(t, i, vec, info))
     fault_point("after_inflight")
     devices.acknowledge(t, i, nonce, gated if answer.recorded and gated is not None
                         else committed)

@@ -32,6 +32,7 @@ FAULT_POINTS = (
     "after_transmit",
     "after_commit",
     "after_inflight",
+    "before_inflight_sync",
     "after_checkpoint",
 )
 

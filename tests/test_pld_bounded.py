@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -122,3 +123,53 @@ def test_cli_million_steps_in_bounded_memory(tmp_path: Path) -> None:
     assert maxrss_kib < 2 * 1024 * 1024, f"peak RSS {maxrss_kib} KiB"
     assert json.loads(out)["epsilon"] > 1e6
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0
+
+
+def _same_pmf(a: object, b: object) -> bool:
+    """Whether two PMFs are equal bit for bit (grid, offset, masses, probabilities)."""
+    a, b = a.to_dense_pmf(), b.to_dense_pmf()  # type: ignore[attr-defined]
+    return (a._discretization == b._discretization and a._lower_loss == b._lower_loss
+            and a._infinity_mass == b._infinity_mass
+            and a._pessimistic_estimate == b._pessimistic_estimate
+            and a._probs.dtype == b._probs.dtype and a._probs.tobytes() == b._probs.tobytes())
+
+
+@pytest.mark.parametrize(("z", "q", "steps", "pessimistic"), [
+    (0.8, 0.3, 1, True), (1.1, 0.01, 7, True), (0.6, 1.0, 3, True), (2.0, 0.05, 40, False),
+    (5.0, 0.5, 1, True),
+])
+def test_composition_is_dp_accounting_s_bit_for_bit(z: float, q: float, steps: int,
+                                                     pessimistic: bool) -> None:
+    """The composition with the tail search in numpy gives exactly the PLD of
+    ``dp_accounting``'s own ``compose``, over a chain of compositions (the tails grow)."""
+    one = _sgm(z, q, pessimistic=pessimistic).self_compose(steps)
+    mine = theirs = one
+    for _ in range(12):
+        mine = pld_bounded.compose_plds(mine, one, 1e-15)
+        theirs = theirs.compose(one, tail_mass_truncation=1e-15)
+        assert _same_pmf(mine._pmf_remove, theirs._pmf_remove)
+        assert _same_pmf(mine._pmf_add, theirs._pmf_add)
+        assert mine._symmetric == theirs._symmetric
+    assert mine.get_epsilon_for_delta(DELTA) == theirs.get_epsilon_for_delta(DELTA)
+
+
+def test_the_tail_search_stops_where_the_loop_does() -> None:
+    """Every threshold crossing, at chunk boundaries and past them, and none at all."""
+    from dp_accounting.pld import pld_pmf
+
+    rng = np.random.default_rng(3)
+    for n in (1, 63, 64, 65, 320, 321, 5000):
+        arr = rng.exponential(size=n) * 1e-18
+        sums = np.cumsum(arr)
+        for threshold in (-1.0, 0.0, *sums[:: max(1, n // 17)], sums[-1], 2 * sums[-1]):
+            for probs in (arr, np.flip(arr)):
+                try:
+                    offset, kept, right = pld_pmf._truncate_tails(probs.copy(), 2 * threshold,
+                                                                  True)
+                except IndexError:  # all of it is tail: both fail alike
+                    with pytest.raises(IndexError):
+                        pld_bounded._truncate_tails(probs.copy(), 2 * threshold, True)
+                    continue
+                mine = pld_bounded._truncate_tails(probs.copy(), 2 * threshold, True)
+                assert mine[0] == offset and mine[2] == right
+                assert mine[1].tobytes() == kept.tobytes()

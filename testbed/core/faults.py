@@ -4,9 +4,11 @@
 ``kill -9``) the ``N``-th time the fault point ``NAME`` is reached. The runner's points, in
 the order one upload meets them: ``after_intent`` (journalled, not yet on air),
 ``after_transmit`` (on air, not yet in the ledger), ``after_commit`` (in the ledger, not yet
-kept in ``inflight/``), ``after_inflight``; and per round ``after_checkpoint`` (checkpoint
-written, metrics line not yet appended). The lab aggregator's: ``lab_after_request`` (the
-upload journalled and asked for, nothing received yet). The edge agent's:
+kept in ``inflight/``), ``after_inflight`` (kept, not yet fsynced), ``before_inflight_sync``
+(a batch of kept uploads written, its group fsync not yet made); and per round
+``after_checkpoint`` (checkpoint written, metrics line not yet appended). The lab
+aggregator's: ``lab_after_request`` (the upload journalled and asked for, nothing received
+yet). The edge agent's:
 ``edge_before_intent`` (trained, not yet journalled) and ``edge_after_intent`` (journalled,
 upload not yet sent). On the ``usrp`` link: the edge's ``edge_after_burst`` (the burst handed
 to its USRP, its ``upload`` not yet sent) and the aggregator's ``lab_before_capture`` (the

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -117,27 +118,30 @@ class PrivacyBook:
         pinned: dict[str, Any] = {"delta": delta, "accounting": enforce, "epsilon_target": target}
         if unit == "record":
             pinned |= {"unit": unit, "relation": relation}
-        self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
         self.intents_path = intents_path(ledger_path)
         # One read of the ledger: Ledger.open has checked every line; recovery appends.
-        entries = self.ledger.take_loaded()
-        entries += self._recover_intents({entry.nonce for entry in entries})
-        self._nonces = {e.nonce for e in entries if e.nonce is not None}
-        self.accountants: dict[str, Any] = make_accountants(unit, delta, relation)
-        event_class = self.event_class
-        compose = [acc.add for acc in self.accountants.values()]
+        # (The collector is paused for all of it: it would walk each line's objects again.)
         with gc_paused():
-            for entry in entries:
-                event = entry.event
-                if not isinstance(event, event_class):
-                    names = " or ".join(c.__name__ for c in event_class)
-                    raise LedgerError(
-                        f"{ledger_path}: holds a {type(event).__name__}, but this run "
-                        f"accounts at the {unit} level ({names})"
-                    )
-                for add in compose:
-                    add(event)
-        del entries
+            self.ledger = Ledger.open(ledger_path, header={**pinned, **(header or {})})
+            entries = self.ledger.take_loaded()
+            nonces = set(map(itemgetter(1), entries))  # LedgerEntry: (event, nonce)
+            entries += self._recover_intents(nonces)  # adds the recovered nonces
+            nonces.discard(None)
+            self._nonces: set[str] = nonces  # type: ignore[assignment]
+            events = list(map(itemgetter(0), entries))
+            del entries
+            event_class = self.event_class
+            if not all(issubclass(kind, event_class) for kind in set(map(type, events))):
+                wrong = next(e for e in events if not isinstance(e, event_class))
+                names = " or ".join(c.__name__ for c in event_class)
+                raise LedgerError(
+                    f"{ledger_path}: holds a {type(wrong).__name__}, but this run accounts "
+                    f"at the {unit} level ({names})"
+                )
+            self.accountants: dict[str, Any] = make_accountants(unit, delta, relation)
+            for acc in self.accountants.values():
+                acc.add_all(events)
+            del events
         self.enforce = enforce
         self.delta = delta
         self.guard = BudgetGuard(self.accountants[enforce], target)
@@ -151,9 +155,9 @@ class PrivacyBook:
         return self.guard.allows(event.device, event)
 
     def _recover_intents(self, recorded: set[str | None]) -> list[LedgerEntry]:
-        """Record every intent whose nonce is not among ``recorded`` (the ledger's nonces):
-        it may have gone on air. Returns the entries appended, in order."""
-        recorded = set(recorded)
+        """Record every intent whose nonce is not among ``recorded`` (the ledger's nonces,
+        to which the recorded intents' nonces are added): it may have gone on air. Returns
+        the entries appended, in order."""
         self.recovered: list[Any] = []
         appended: list[LedgerEntry] = []
         lines = read_jsonl(self.intents_path)

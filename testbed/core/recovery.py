@@ -279,7 +279,7 @@ def _ledger_entries(rundir: RunDir) -> list[Any]:
 
     try:
         with Ledger.open(rundir.ledger_path) as ledger:
-            return ledger.entries()
+            return ledger.take_loaded()  # what open read and checked: no second read
     except LedgerError as exc:
         raise RunDirError(str(exc)) from None
 

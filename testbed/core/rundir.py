@@ -10,8 +10,10 @@ Layout::
     RUN/ledger.jsonl       privacy ledger (DP schemes), appended and fsynced
     RUN/checkpoint.npz     global model and metrics line of the last completed round
                            (atomic replace)
-    RUN/inflight/          uploads received in the round under way (one file per device,
-                           atomic), so a resumed round reuses them instead of re-transmitting
+    RUN/inflight/          uploads received in the round under way, sealed records in one
+                           segment per round and process, made durable by a group commit
+                           (testbed.core.inflight), so a resumed round reuses them instead of
+                           re-transmitting
     RUN/summary.json       written at the end (or on interruption), atomic replace
     RUN/.lock              who holds the directory's lock (pid, host, since); the lock
                            itself is an flock on the directory RUN, held by the one process
@@ -19,9 +21,10 @@ Layout::
 
 Files are only appended or atomically replaced, so a crash or Ctrl-C at any point leaves
 every file either in its previous or its new complete state (a torn last line of a JSONL
-file is dropped on reading). A round is committed by writing the checkpoint (which carries
-the round's metrics line) and then appending the metrics line; a crash between the two is
-rolled forward on resume from the checkpoint.
+file, or torn last records of an ``inflight/`` segment, are dropped on reading). A round is
+committed by writing the checkpoint (which carries the round's metrics line) and then
+appending the metrics line; a crash between the two is rolled forward on resume from the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -31,14 +34,24 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from testbed.core.inflight import (
+    Kept,
+    KeptError,
+    KeptLog,
+    npz_files,
+    read_npz,
+    read_segment,
+    segments,
+)
 
 
 class RunDirError(RuntimeError):
@@ -95,8 +108,13 @@ def json_safe(obj: Any) -> Any:
 
 
 def dumps(obj: Any, **kwargs: Any) -> str:
-    """Strict JSON text of ``obj`` (see :func:`json_safe`)."""
-    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+    """Strict JSON text of ``obj`` (see :func:`json_safe`): ``obj`` written as it is when
+    every float in it is finite (most are; walking every value first costs as much as
+    writing them), else through :func:`json_safe` (the same text either way)."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:  # a non-finite float (or a circular reference, refused again below)
+        return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -218,12 +236,24 @@ class RunDir:
     def __init__(self, path: Path, lock_fd: int | None = None) -> None:
         self.path = path
         self._lock_fd = lock_fd
+        self._kept: KeptLog | None = None
 
     def close(self) -> None:
-        """Release the directory's lock. Idempotent."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Make the kept uploads durable (:meth:`sync_kept`) and release the directory's
+        lock. Idempotent. A failed fsync of the kept uploads is a warning here (the run's
+        outcome stands; they are then as if the crash came before their group commit)."""
+        try:
+            if self._kept is not None:
+                self._kept.sync()
+        except OSError as exc:
+            warnings.warn(f"{self.inflight_path}: the uploads kept in the round under way "
+                          f"could not be made durable ({exc}); after a power cut a resume "
+                          "may ask for them again", RuntimeWarning, stacklevel=2)
+        finally:
+            self._close_kept()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     @property
     def inflight_path(self) -> Path:
@@ -327,60 +357,80 @@ class RunDir:
                 f"{self.checkpoint_path}: unreadable checkpoint ({type(exc).__name__}: {exc})"
             ) from None
 
+    def keep_upload(
+        self, round_index: int, device: int, decoded: np.ndarray | None, info: dict[str, Any]
+    ) -> None:
+        """Keep device ``device``'s received upload of the round under way, for a resumed
+        round to reuse; durable at the next group commit (:meth:`sync_kept`, made here when
+        a batch is full, see :data:`testbed.core.inflight.SYNC_UPLOADS`).
+
+        Call it only after the upload's ledger record is durable (invariant 1 of
+        :mod:`testbed.core.inflight`). ``decoded`` is the decoded differential (``float64``,
+        shape ``(d,)``), ``None`` for an upload the receiver lost; ``info`` is its metrics
+        entry.
+        """
+        log = self._kept
+        if log is None or log.round != round_index:
+            self._close_kept(sync=True)
+            log = self._kept = KeptLog(self.inflight_path, round_index)
+        log.append(device, decoded, dumps(info))
+        if log.due():
+            log.sync()
+
+    def sync_kept(self) -> None:
+        """Group commit: make every upload kept so far durable (one fsync)."""
+        if self._kept is not None:
+            self._kept.sync()
+
     def save_inflight(
         self, round_index: int, device: int, decoded: np.ndarray | None, info: dict[str, Any]
     ) -> None:
-        """Durably keep device ``device``'s received upload of the round under way.
+        """:meth:`keep_upload` and :meth:`sync_kept`: durable when this returns."""
+        self.keep_upload(round_index, device, decoded, info)
+        self.sync_kept()
 
-        ``decoded`` is the decoded differential (``float64``, shape ``(d,)``), ``None`` for
-        an upload the receiver lost; ``info`` is its metrics entry.
-        """
-        import io
+    def _close_kept(self, *, sync: bool = False) -> None:
+        log, self._kept = self._kept, None
+        if log is not None:
+            try:
+                if sync:
+                    log.sync()
+            finally:
+                log.close()
 
-        self.inflight_path.mkdir(exist_ok=True)
-        buf = io.BytesIO()
-        arrays: dict[str, Any] = {"info": np.frombuffer(dumps(info).encode(), dtype=np.uint8)}
-        if decoded is not None:
-            arrays["decoded"] = np.asarray(decoded, dtype=np.float64)
-        np.savez(buf, **arrays)
-        atomic_write_bytes(self.inflight_path / f"r{round_index}-d{device}.npz", buf.getvalue())
-
-    def _inflight_files(self) -> list[tuple[int, int, Path]]:
-        """``(round, device, file)`` of every kept upload; other names in ``inflight/`` (a
-        temporary file left by a crash during a write, a stray file) are ignored."""
-        if not self.inflight_path.is_dir():
-            return []
-        found = []
-        for f in self.inflight_path.iterdir():
-            match = _INFLIGHT_NAME.fullmatch(f.name)
-            if match is not None:
-                found.append((int(match.group(1)), int(match.group(2)), f))
-        return sorted(found)
-
-    def load_inflight(
-        self, round_index: int
-    ) -> dict[int, tuple[np.ndarray | None, dict[str, Any]]]:
-        """Uploads of round ``round_index`` kept by :meth:`save_inflight`, by device.
+    def load_inflight(self, round_index: int) -> dict[int, Kept]:
+        """Uploads of round ``round_index`` kept by :meth:`keep_upload`, by device (records
+        torn by a crash before their group commit are not among them).
 
         Raises
         ------
         RunDirError
             One line naming the file, when a kept upload cannot be read or has the wrong
-            shape (``info`` not a JSON object, ``decoded`` not a 1-D float array).
+            shape (``info`` not a JSON object, ``decoded`` not a 1-D float array), or a
+            segment is corrupt where it was fsynced.
         """
-        out: dict[int, tuple[np.ndarray | None, dict[str, Any]]] = {}
-        for t, device, f in self._inflight_files():
-            if t == round_index:
-                out[device] = _read_inflight(f)
+        out: dict[int, Kept] = {}
+        try:
+            for t, device, f in npz_files(self.inflight_path):
+                if t == round_index:
+                    out[device] = read_npz(f)
+            for t, _, f in segments(self.inflight_path):
+                if t == round_index:
+                    out |= read_segment(f, round_index)
+        except KeptError as exc:
+            raise RunDirError(str(exc)) from None
         return out
 
     def clear_inflight_before(self, round_index: int) -> None:
         """Drop kept uploads of rounds before ``round_index`` (their round is committed)."""
+        if self._kept is not None and self._kept.round < round_index:
+            self._close_kept()
         if not self.inflight_path.is_dir():
             return
-        for t, _, f in self._inflight_files():
-            if t < round_index:
-                f.unlink()
+        old = [f for t, _, f in (*npz_files(self.inflight_path), *segments(self.inflight_path))
+               if t < round_index]
+        for f in old:
+            f.unlink()
         if not any(self.inflight_path.iterdir()):
             self.inflight_path.rmdir()  # nothing in flight: no folder
         fsync_dir(self.path)
@@ -406,32 +456,6 @@ class RunDir:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.summary_path, summary)
-
-
-#: Names of kept uploads in ``inflight/``: ``r<round>-d<device>.npz``.
-_INFLIGHT_NAME = re.compile(r"r(0|[1-9][0-9]*)-d(0|[1-9][0-9]*)\.npz")
-
-
-def _read_inflight(f: Path) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """One kept upload: ``(decoded or None, info)``; refuses an unreadable or odd file."""
-    try:
-        with np.load(f, allow_pickle=False) as z:
-            info = json.loads(bytes(z["info"]).decode())
-            vec = z["decoded"].copy() if "decoded" in z.files else None
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error
-        reason = str(exc).splitlines()[0] if str(exc) else ""
-        raise RunDirError(
-            f"{f}: unreadable in-flight upload ({type(exc).__name__}: {reason}); remove it "
-            "to have the round's upload sent again"
-        ) from None
-    if not isinstance(info, dict):
-        raise RunDirError(f"{f}: in-flight upload whose info is not a JSON object")
-    if vec is not None and (vec.ndim != 1 or vec.dtype.kind != "f"):
-        raise RunDirError(
-            f"{f}: in-flight upload whose decoded differential is not a 1-D float array "
-            f"(shape {vec.shape}, dtype {vec.dtype})"
-        )
-    return vec, info
 
 
 def default_run_path(name: str, root: Path = Path("runs")) -> Path:

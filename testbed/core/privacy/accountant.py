@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +161,11 @@ class PrivacyAccountant:
             self._sums[device] = ExactSum()
         self._sums[device].add(coefficient)
         events.append(event)
+
+    def add_all(self, events: Iterable[UploadEvent]) -> None:
+        """:meth:`add` of each of ``events``, in order (a ledger replay)."""
+        for event in events:
+            self.add(event)
 
     def epsilon(self, device: int) -> EpsilonResult:
         """The device's epsilon over all uploads recorded so far."""

@@ -39,8 +39,10 @@ CLIP_MODES = ("coordinate", "norm", "none")
 QUANTIZER_SCALES = ("norm", "fixed")
 
 
-#: Instance attribute holding the shared store of :meth:`JsonEvent.derived` values.
-_DERIVED = "_derived"
+#: Instance attribute holding the shared store of :meth:`JsonEvent.derived` values (events
+#: whose ``__dict__`` holds the same store object are copies of one event: the same class and
+#: fields but round and device, see :meth:`JsonEvent.for_round_and_device`).
+DERIVED_STORE = _DERIVED = "_derived"
 T = TypeVar("T")
 
 
@@ -132,11 +134,11 @@ class JsonEvent:
         state = self.__dict__
         if _DERIVED not in state:
             state[_DERIVED] = {}  # created here so that every copy shares it
-        out = object.__new__(type(self))
-        copy = out.__dict__
-        copy.update(state)
+        copy = state.copy()  # one copy of the whole table: faster than adding key by key
         copy["round"] = round_index
         copy["device"] = device
+        out = object.__new__(type(self))
+        object.__setattr__(out, "__dict__", copy)
         return out
 
 

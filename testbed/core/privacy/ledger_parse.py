@@ -19,10 +19,12 @@ write 10^6 lines with one *template*. :class:`LineParser` checks the seal of a l
 sha256 of its bytes), cuts those four values out of the rest (four regex searches), looks
 the rest up among the templates it has already parsed in full, and copies that template's
 checked event with the line's round and device
-(:meth:`~testbed.core.privacy.events.JsonEvent.for_round_and_device`). A line whose template is
-new, whose seal or ``prev`` does not check, or whose values cannot be cut out cleanly, goes
-through the full parse, which is the one and only place that reports corruption
-(:class:`LedgerError`, naming the line).
+(:meth:`~testbed.core.privacy.events.JsonEvent.for_round_and_device`); the lines after such a
+line that have its template's exact bytes around their values are read by byte comparisons
+(:mod:`~testbed.core.privacy.ledger_shape`). A line whose template is new, whose seal or
+``prev`` does not check, or whose values cannot be cut out cleanly, goes through the full
+parse, which is the one and only place that reports corruption (:class:`LedgerError`,
+naming the line).
 
 Why the fast path reads exactly what the full parse reads: a value is cut out only when its
 key is immediately preceded by ``{`` or ``,`` (so its quote is a delimiter, not an escaped
@@ -41,18 +43,22 @@ that object plus the one member ``sha256``, whose value the fast path has just c
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import io
 import json
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from testbed.core.privacy.events import EventError
+from testbed.core.privacy.ledger_shape import (  # noqa: F401 - seal, gc_paused: re-exported
+    SEAL_HEAD,
+    Shape,
+    Shapes,
+    gc_paused,
+    seal,
+)
 
 #: The four values cut out of a line: a JSON integer (no sign, no leading zero) or a string
 #: of ASCII letters and digits (lower-case hex for ``prev``), each ending where the value ends.
@@ -66,8 +72,7 @@ _ROUND_BIT, _DEVICE_BIT, _NONCE_BIT, _PREV_BIT = 1, 2, 4, 8
 _ALL_BITS = _ROUND_BIT | _DEVICE_BIT | _NONCE_BIT | _PREV_BIT
 _LEGACY_BITS = _ROUND_BIT | _DEVICE_BIT | _NONCE_BIT
 
-#: The seal that ends a chained line: ``,"sha256":"<64 hex>"}`` and the newline.
-SEAL_HEAD = b',"sha256":"'
+#: The seal that ends a chained line (``SEAL_HEAD``, 64 hex digits, ``"}``) and the newline.
 SEAL_LEN = len(SEAL_HEAD) + 64 + 3
 _SEAL = re.compile(rb',"sha256":"([0-9a-f]{64})"\}\n\Z')
 #: ``prev`` of the first line of a chained ledger without a header.
@@ -96,17 +101,17 @@ class _Pairs(list):  # type: ignore[type-arg]
     """A JSON object as its list of ``(key, value)`` pairs (keeps repeated keys)."""
 
 
-@dataclass(frozen=True)
 class _Template:
-    event: Any
-    nonce: str | None
+    """A template's checked event (and its nonce when the template keeps one), and, once a
+    line was read through it in the chained layout, that line's
+    :class:`~testbed.core.privacy.ledger_shape.Shape`."""
 
+    __slots__ = ("event", "nonce", "shape")
 
-def seal(body: bytes) -> bytes:
-    """The complete line for ``body`` (a JSON object's text without its closing ``}``): the
-    body, its sha256 seal, ``}`` and the newline."""
-    return b"".join((body, SEAL_HEAD, hashlib.sha256(body).hexdigest().encode("ascii"),
-                     b'"}\n'))
+    def __init__(self, event: Any, nonce: str | None) -> None:
+        self.event = event
+        self.nonce = nonce
+        self.shape: Shape | None = None
 
 
 def writer_of(raw: bytes) -> str:
@@ -120,23 +125,6 @@ def _after_key_boundary(raw: bytes, match: re.Match[bytes]) -> bool:
     is a delimiter, not an escaped quote inside a string)."""
     at = match.start()
     return at > 0 and raw[at - 1] in _KEY_BEFORE
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a long ledger is read (restored after).
-
-    Reading builds millions of long-lived, acyclic objects; each automatic collection of
-    the oldest generation would walk all of them again (about a third of the read time).
-    Nothing read here forms a cycle, so reference counting frees what is dropped.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class LineParser:
@@ -174,6 +162,8 @@ class LineParser:
         self._use_templates = templates
         self._templates: dict[tuple[int, bytes], _Template | None] = {}
         self._cut_prev: bytes | None = None
+        self._shapes = Shapes(LedgerEntry)  # of the chained lines read so far
+        self._cut_shape: tuple[_Template, tuple[bytes, bytes, bytes, bytes, bytes]] | None = None
         self.header: dict[str, Any] | None = None
         self.header_type: str | None = None
         self.header_writer: str | None = None
@@ -199,12 +189,29 @@ class LineParser:
         append = entries.append
         number = self.lines
         last = self.last_line
+        shape: Shape | None = None
+        lines = iter(io.BytesIO(data))
         with gc_paused():
-            for raw in io.BytesIO(data):
+            raw = next(lines, None)
+            while raw is not None:
                 if raw[-1:] != b"\n":
                     break  # the torn last line
                 if raw == b"\n":
+                    raw = next(lines, None)
                     continue
+                if self._use_templates and self.chained:
+                    if shape is None or not raw.startswith(shape.prefix):
+                        shape = self._shapes.of(raw, self.tail)
+                    if shape is not None:
+                        count, self.tail, read_last, raw = self._shapes.read_run(
+                            shape, raw, lines, self.tail, entries.extend)
+                        if count:
+                            number += count
+                            self.fast_lines += count
+                            last = read_last
+                            continue
+                        shape = None
+                        assert raw is not None
                 number += 1
                 entry = None
                 if self._use_templates:
@@ -224,6 +231,7 @@ class LineParser:
                 last = raw
                 if entry is not None:  # None: the header
                     append(entry)
+                raw = next(lines, None)
         self.lines, self.last_line = number, last
         return entries
 
@@ -236,6 +244,7 @@ class LineParser:
         if hashlib.sha256(body).hexdigest().encode("ascii") != digest:
             return None
         self._cut_prev = None
+        self._cut_shape = None
         line = body + b"}\n"
         entry = self._fast_chained_layout(line)
         if entry is None:
@@ -243,6 +252,10 @@ class LineParser:
         if entry is None or self._cut_prev != self.tail:
             return None
         self.tail = digest
+        if self._cut_shape is not None:
+            template, pieces = self._cut_shape
+            if template.shape is None:
+                template.shape = self._shapes.add(pieces, template.event)
         return entry
 
     def _fast_chained_layout(self, raw: bytes) -> LedgerEntry | None:
@@ -269,9 +282,14 @@ class LineParser:
                 and raw[p0 - 9] in _KEY_BEFORE and raw[r0 - 9] in _KEY_BEFORE):
             return None
         self._cut_prev = raw[p0:p1]
-        return self._from_template(
-            _ALL_BITS, b"".join((raw[:d0], b"0", raw[d1:n0], raw[n1:p0], raw[p1:r0], b"0",
-                                 raw[r1:])), raw, (r0, r1), (d0, d1), (n0, n1))
+        pieces = (raw[:d0], raw[d1:n0], raw[n1:p0], raw[p1:r0], raw[r1:-2])
+        body = b"".join((pieces[0], b"0", pieces[1], pieces[2], pieces[3], b"0", raw[r1:]))
+        entry = self._from_template(_ALL_BITS, body, raw, (r0, r1), (d0, d1), (n0, n1))
+        if entry is not None:
+            template = self._templates[(_ALL_BITS, body)]
+            if template is not None and template.shape is None:
+                self._cut_shape = (template, pieces)
+        return entry
 
     def _from_template(self, bits: int, body: bytes, raw: bytes, rnd: tuple[int, int],
                        dev: tuple[int, int], nonce: tuple[int, int]) -> LedgerEntry | None:

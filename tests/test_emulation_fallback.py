@@ -168,7 +168,9 @@ def test_darkroom_lab_falls_back_to_its_rayleigh_channel(tmp_path: Path, name: s
                if d.get("transmitted")]
     assert len(uploads) >= 6  # of 8 (an edge that misses its slot on a loaded host refuses)
     snrs = assert_pilot_snr_is_the_budget_through_the_fade(uploads, bursts)
-    assert max(snrs) - min(snrs) > 3.0, snrs  # Rayleigh at 17 Hz, seconds apart
+    # Rayleigh at 17 Hz, seconds apart: the fade of a 55 ms burst spans less than 3 dB over
+    # 8 uploads in 0.55 % of runs (simulated), less than 1 dB in none of 20,000
+    assert max(snrs) - min(snrs) > 1.0, snrs
     assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(4)})
     for marker in (str(run), str(copy)):
         assert not processes_mentioning(marker), marker

@@ -72,6 +72,22 @@ class AirCompRound:
 
             self.planned_ratio = checked_aircomp_plan(state.cfg, state.d).amplitude_ratio
 
+    def no_slot(self, asked: list[int]
+                ) -> tuple[dict[int, dict[str, Any]], None, list[float], dict[str, Any]] | None:
+        """The round when the gate let no one transmit: ``None`` when every asked device
+        with a pilot was refused by its budget and no pilot was lost (the budget is spent);
+        else a round without a slot (the model stays as it is), each asked device's entry
+        saying why it sat out."""
+        lost = [i for i in asked if i not in self.h_hat]
+        if not lost:
+            return None
+        entries = {i: {"device": i, "transmitted": False,
+                       "skipped": "pilot lost" if i in lost else "budget"} for i in asked}
+        report = {"participants": 0, "slots": 0, "airtime_s": 0.0,
+                  "pilot_airtime_s": self.slot.pilot_airtime_s, "tdma_airtime_s": 0.0,
+                  "lost": True, "pilots_lost": len(lost)}
+        return entries, None, [], report
+
     def signal_power(self, devices: list[int]) -> float:
         """The bound on ``E|x|^2`` per symbol of the unscaled values (data-independent),
         the largest over ``devices``: every participant is scaled against it."""
@@ -154,7 +170,7 @@ def aircomp_round(
     air = AirCompRound(state, link, t, asked)
     c, events = timer.timed("gate", lambda: air.gate(asked))
     if not events:
-        return None
+        return air.no_slot(asked)
     uploads: dict[int, Upload] = {}
     for got in devices.ask(t, state.w, dict(events), {}, _no_journal, stop, timer):
         if not isinstance(got.answer, Upload):

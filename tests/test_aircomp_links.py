@@ -214,3 +214,28 @@ def test_slot_json_metrics_are_plain(tmp_path: Path) -> None:
     _, out = _run(tmp_path, "waveform", ["rounds=1", "eval_every=1"])
     for line in (out / "metrics.jsonl").read_text().splitlines():
         json.loads(line)
+
+
+def test_lost_pilots_lose_the_round_not_the_run(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pilot of round 1 is lost: the round has no slot (nobody transmits, nothing is
+    charged, the model stays), each device's entry says why, and the run goes on."""
+    from radio.frame_link import FrameLink
+    from radio.link import LinkError
+
+    real = FrameLink.receive
+
+    def lossy(self, carried, n_payload, *, device, round_index):  # type: ignore[no-untyped-def]
+        if round_index == 1 and n_payload == PILOT_SYMBOLS:
+            raise LinkError(f"pilot of device {device} lost (test)")
+        return real(self, carried, n_payload, device=device, round_index=round_index)
+
+    monkeypatch.setattr(FrameLink, "receive", lossy)
+    summary, out = _run(tmp_path, "waveform")
+    assert summary["status"] == "completed"
+    lines = _lines(out / "metrics.jsonl")
+    assert lines[1]["uploads"] == 0 and lines[1]["aircomp"]["pilots_lost"] == N
+    assert {d["skipped"] for d in lines[1]["devices"]} == {"pilot lost"}
+    assert lines[0]["uploads"] == lines[2]["uploads"] == N
+    events = [e for e in _lines(out / "ledger.jsonl") if e.get("type") == "record-aircomp/v1"]
+    assert sorted({e["round"] for e in events}) == [0, 2]

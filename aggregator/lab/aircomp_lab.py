@@ -152,7 +152,7 @@ def lab_aircomp_round(
     air = AirCompRound(state, link, t, asked, slot=pilots)
     c, events = timer.timed("gate", lambda: air.gate(asked))
     if not events:
-        return None
+        return air.no_slot(asked)
     order = sorted(events)
     power = air.signal_power(order)
     eq = pre_equalize(np.array([air.h_hat[i] for i in order]), c, air.p_max, power)

@@ -40,12 +40,17 @@ def _close(text: str, value: float | None) -> bool:
     return math.isclose(float(text), value, rel_tol=1e-3, abs_tol=1e-12)
 
 
+def _quick_table1(out: Path, *schemes: str) -> list[str]:
+    """``testbed reproduce table1 --quick`` of ``schemes`` at epsilon 5, two rounds."""
+    return [*TESTBED, "reproduce", "table1", "--quick", "--schemes", *schemes,
+            "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
+            "--set", "eval_every=2", "--out", str(out)]
+
+
 @pytest.mark.slow  # 36 s; fig2bc and fig3 stay in the default selection
 def test_table1_numbers_come_from_the_run_dirs_they_name(tmp_path: Path) -> None:
     out = tmp_path / "rep"
-    cmd = [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "channel-dp",
-           "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
-           "--set", "eval_every=2", "--out", str(out)]
+    cmd = _quick_table1(out, "ldp-fedavg", "channel-dp")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "report.md").read_text()
@@ -216,9 +221,7 @@ def test_aircomp_is_reported_beside_the_tdma_schemes(tmp_path: Path) -> None:
     """Table I's aircomp row and its statement: accuracy beside ldp-fedavg's at the same
     epsilon, the air time of one slot against the TDMA slots, the radio energy per round."""
     out = tmp_path / "rep"
-    cmd = [*TESTBED, "reproduce", "table1", "--quick", "--schemes", "ldp-fedavg", "aircomp",
-           "--epsilons", "5", "--set", "rounds=2", "--set", "eval_samples=300",
-           "--set", "eval_every=2", "--out", str(out)]
+    cmd = _quick_table1(out, "ldp-fedavg", "aircomp")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "report.md").read_text()

@@ -203,8 +203,9 @@ def _settle(remote: RemoteDevices, air: AirCompRound, t: int, c: float, order: l
     final = dict(events)
     if failed:
         withheld = state.cfg.privacy.colluding_devices + max(0, margin - failed)
-        final = {i: air.events_at([*sent, i] if i not in sent else sent, c, withheld)[i]
-                 for i in [*sent, *unknown]}
+        final = air.events_at(sent, c, withheld) if sent else {}
+        for i in unknown:  # charged (it may have transmitted), crediting the survivors' noise
+            final[i] = air.events_at([*sent, i], c, withheld)[i]
         if failed > margin:
             log.warning("round %d: %d participants did not transmit, more than "
                         "privacy.dropout_margin = %d: the others' events credit less noise "

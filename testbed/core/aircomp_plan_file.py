@@ -33,6 +33,8 @@ round as always.
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,13 +93,23 @@ def is_aircomp_plan(path: str | Path) -> bool:
 
 
 def load_aircomp_plan(path: str | Path) -> AirCompPlanFile:
-    """Read and validate an aircomp plan.
+    """Read and validate an aircomp plan (read once per version of the file: every round of
+    a run asks for it).
 
     Raises
     ------
     testbed.core.config.loader.ConfigError
         Not readable, or not a valid aircomp plan (naming the key).
     """
+    try:
+        version = os.stat(path).st_mtime_ns
+    except OSError:
+        version = -1  # the read below names the problem
+    return _load(str(path), version)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, version: int) -> AirCompPlanFile:
     from testbed.core.config.loader import validate
     from testbed.core.config.safe_yaml import read_yaml_mapping
 

@@ -82,6 +82,8 @@ def run_rounds(
             devices.open_link(record_dir) as link,
         ):
             shown.start()
+            # the workers idle while the global model is evaluated: it may use their cores
+            state.eval_threads = cfg.torch_threads * max(1, devices.workers)
             startup_s = process_age_s()
             for t in range(start_round, cfg.rounds):
                 stop.check()

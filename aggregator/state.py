@@ -61,6 +61,10 @@ class RunState:
         Every device's uplink settings; record-level settings (``[]`` at the device unit).
     book
         The privacy book (ledger and accountants); ``None`` without DP.
+    eval_threads
+        Intra-op threads of the evaluations (``torch_threads``; the cores of the training
+        workers too while a round's training runs in worker processes, which are idle while
+        the global model is evaluated: :func:`aggregator.round_close.evaluations`).
     eval_index
         The fixed evaluation subset (test-set indices, ``(k,)``) or ``None``.
     """
@@ -78,6 +82,7 @@ class RunState:
         self.rundir = rundir
         torch.set_num_threads(cfg.torch_threads)
         limit_blas_threads(cfg.torch_threads)
+        self.eval_threads = cfg.torch_threads
         self.data = test_data
         self.model = initial_model(cfg, self.data.x_test.shape[1:],
                                    n_classes=self.data.n_classes)

@@ -16,8 +16,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        from testbed.cli.main import main
+        from testbed.cli.main import entry
     except KeyboardInterrupt:
         print("testbed: interrupted (SIGINT/SIGTERM); stopped", file=sys.stderr)
         sys.exit(130)
-    sys.exit(main())
+    entry()

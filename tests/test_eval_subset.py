@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from aggregator.evaluate import evaluate, sample_scores, subset_indices
+from aggregator.evaluate import evaluate, intra_op_threads, sample_scores, subset_indices
 from testbed.core.config.loader import ConfigError, load_experiment
 from testbed.core.models import build_model, get_flat
 from testbed.core.run_setup import initial_model, prepare_test_data
@@ -43,6 +44,34 @@ def test_per_sample_scores_agree_with_the_batched_summary() -> None:
     part = evaluate(model, w, x[idx], y[idx])
     assert scores.summary(idx).accuracy == part.accuracy
     assert scores.summary(idx).loss == pytest.approx(part.loss, rel=1e-6)
+
+
+@pytest.mark.parametrize(("model", "shape"), [
+    ("mnist-cnn", (1, 28, 28)), ("cifar-cnn", (3, 32, 32)), ("logreg", (1, 28, 28)),
+])
+def test_evaluation_with_more_threads_gives_the_same_scores_bit_for_bit(
+    model: str, shape: tuple[int, ...]
+) -> None:
+    """A run that trains in worker processes evaluates with their cores too
+    (``RunState.eval_threads``): its metrics must not depend on that."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1200, *shape)).astype(np.float32)
+    x[:, :, :8] = -0.8  # constant regions: ties in the max-pooling windows
+    y = rng.integers(0, 10, 1200).astype(np.int64)
+    net = build_model(model, shape, 5)
+    w = get_flat(net)
+    before = torch.get_num_threads()
+    with intra_op_threads(1):
+        one = sample_scores(net, w, x, y)
+    with intra_op_threads(2):
+        assert torch.get_num_threads() == 2
+        two = sample_scores(net, w, x, y)
+    assert torch.get_num_threads() == before
+    np.testing.assert_array_equal(one.loss, two.loss)
+    np.testing.assert_array_equal(one.correct, two.correct)
+    with pytest.raises(ValueError, match="threads: got 0"):
+        with intra_op_threads(0):
+            pass
 
 
 def test_run_reports_both_evaluations_on_their_schedule(

@@ -67,6 +67,7 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from aggregator.outcome import outcome_line
     from testbed import api
+    from testbed.cli import quick_exit
     from testbed.core.faults import pause_point
     from testbed.core.radio_fallback import FallbackRefused
     from testbed.core.rundir import RunDirError, default_run_path, dumps
@@ -118,4 +119,5 @@ def _run(args: argparse.Namespace) -> int:
         print(f"continue with:  testbed run --resume {out}", file=sys.stderr)
     elif summary["status"] == "failed" and not summary.get("run_dir_removed"):
         print(f"traceback in {out}/error.log", file=sys.stderr)
+    quick_exit.allow()  # the run directory is durable: no teardown needed
     return int(summary["exit_code"])

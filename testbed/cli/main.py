@@ -17,6 +17,7 @@ import importlib
 import re
 import signal
 import sys
+from typing import NoReturn
 
 from testbed import __version__
 from testbed.core.config.errors import ConfigError
@@ -99,5 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def entry() -> NoReturn:
+    """The process entry point (console script ``testbed``, ``python -m testbed``):
+    :func:`main`, then the end of the process, without the interpreter's teardown where the
+    command allowed it (:mod:`testbed.cli.quick_exit`)."""
+    code = main()
+    from testbed.cli.quick_exit import finish
+
+    finish(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

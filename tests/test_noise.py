@@ -35,6 +35,31 @@ def test_gaussian_is_symmetric_and_normal() -> None:
     assert abs(stats.kurtosis(x)) < 6 * math.sqrt(24 / 200_000)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 10_920])
+def test_gaussian_is_box_muller_of_the_urandom_uniforms(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transform against numpy's own log, sqrt, cos and sin on the same uniforms: the
+    first half of each draw of 2 ceil(n/2) uniforms is u1, the second u2; z = r cos, then
+    r sin, truncated to n."""
+    drawn: list[np.ndarray] = []
+    real = noise.secure_uniform
+
+    def spy(k: int) -> np.ndarray:
+        drawn.append(real(k).copy())
+        return drawn[-1].copy()
+
+    monkeypatch.setattr(noise, "secure_uniform", spy)
+    z = gaussian(n, 1.5)
+    (u,) = drawn
+    pairs = (n + 1) // 2
+    assert u.shape == (2 * pairs,)
+    r = np.sqrt(-2.0 * np.log(u[:pairs]))
+    angle = 2.0 * np.pi * u[pairs:]
+    expected = 1.5 * np.concatenate([r * np.cos(angle), r * np.sin(angle)])[:n]
+    np.testing.assert_allclose(z, expected, rtol=1e-13, atol=1e-15)
+
+
 def test_gaussian_draws_differ_between_calls_and_zero_sigma_is_zero() -> None:
     assert not np.array_equal(gaussian(64, 1.0), gaussian(64, 1.0))
     assert np.array_equal(gaussian(5, 0.0), np.zeros(5))

@@ -76,17 +76,21 @@ def gaussian(shape: int | tuple[int, ...], sigma: float, *, seed: object = None)
     n = int(np.prod(shp, dtype=np.int64)) if shp else 1
     if sigma == 0:
         return np.zeros(shp, dtype=np.float64)
+    import torch  # its vectorised log, sqrt, cos and sin (1 ulp): 3x numpy's here
+
     out = np.empty(n, dtype=np.float64)
     for start in range(0, n, _CHUNK):
         m = min(_CHUNK, n - start)
         pairs = (m + 1) // 2
-        u1 = secure_uniform(pairs)
-        u2 = secure_uniform(pairs)
-        radius = np.sqrt(-2.0 * np.log(u1))
-        angle = 2.0 * np.pi * u2
-        z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])
-        out[start : start + m] = z[:m]
-    return (out * float(sigma)).reshape(shp)
+        u = torch.from_numpy(secure_uniform(2 * pairs))  # u1, then u2; one read of urandom
+        radius = u[:pairs].log().mul_(-2.0).sqrt_()
+        angle = u[pairs:].mul_(2.0 * math.pi)
+        z = torch.empty(2 * pairs, dtype=torch.float64)
+        torch.mul(radius, angle.cos(), out=z[:pairs])
+        torch.mul(radius, angle.sin_(), out=z[pairs:])
+        out[start : start + m] = z[:m].numpy()
+    out *= float(sigma)
+    return out.reshape(shp)
 
 
 # ---------------------------------------------------------------- exact discrete Gaussian

@@ -76,19 +76,24 @@ def gaussian(shape: int | tuple[int, ...], sigma: float, *, seed: object = None)
     n = int(np.prod(shp, dtype=np.int64)) if shp else 1
     if sigma == 0:
         return np.zeros(shp, dtype=np.float64)
-    import torch  # its vectorised log, sqrt, cos and sin (1 ulp): 3x numpy's here
-
+    # numpy only: the secret channel noise of the GNU Radio flowgraph process uses this too
+    # (flowgraphs/csprng_noise.py, the system interpreter, which has no torch)
     out = np.empty(n, dtype=np.float64)
     for start in range(0, n, _CHUNK):
         m = min(_CHUNK, n - start)
         pairs = (m + 1) // 2
-        u = torch.from_numpy(secure_uniform(2 * pairs))  # u1, then u2; one read of urandom
-        radius = u[:pairs].log().mul_(-2.0).sqrt_()
-        angle = u[pairs:].mul_(2.0 * math.pi)
-        z = torch.empty(2 * pairs, dtype=torch.float64)
-        torch.mul(radius, angle.cos(), out=z[:pairs])
-        torch.mul(radius, angle.sin_(), out=z[pairs:])
-        out[start : start + m] = z[:m].numpy()
+        u = secure_uniform(2 * pairs)  # u1, then u2: one read of urandom
+        radius = np.log(u[:pairs])
+        radius *= -2.0
+        np.sqrt(radius, out=radius)
+        angle = u[pairs:]
+        angle *= 2.0 * np.pi
+        z = np.empty(2 * pairs, dtype=np.float64)
+        np.cos(angle, out=z[:pairs])
+        np.sin(angle, out=z[pairs:])
+        z[:pairs] *= radius
+        z[pairs:] *= radius
+        out[start : start + m] = z[:m]
     out *= float(sigma)
     return out.reshape(shp)
 

@@ -12,6 +12,7 @@ therefore adds ``N0 = 10 ** (-snr_db / 10)`` per sample to get a symbol-level SN
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from radio.channel import Fading, draw_block_gains
 from radio.channel_noise import SEEDED, ChannelNoise
 from radio.fading import clarke_gains, doppler_hz
-from radio.pulse import sample_line
+from radio.line_sampler import sample_line, sample_line_chunks
 
 #: Largest spacing (samples) of the grid on which Doppler fading is evaluated.
 _FADING_GRID_MAX = 4096
@@ -114,11 +115,12 @@ _ROT_BLOCK = 1024
 
 
 class _Rotator:
-    """``exp(j (2 pi f m + phase0))`` chunk by chunk, from two short ``complex64`` tables.
+    """``exp(j (2 pi f m + phase0))`` chunk by chunk, from a ``complex64`` table.
 
-    ``inner[k] = exp(j w k)`` for ``k < 1024`` and ``outer[b] = exp(j w 1024 b)`` within a
-    chunk; each chunk's start phase ``w m0 + phase0`` is computed in double precision, so
-    rounding does not accumulate along the upload.
+    The table holds ``exp(j w k)`` for the ``k`` of a chunk, as ``outer[b] * inner[k']``
+    with ``inner[k'] = exp(j w k')`` for ``k' < 1024`` and ``outer[b] = exp(j w 1024 b)``;
+    a chunk is the table times its start phase ``w m0 + phase0``, computed in double
+    precision, so rounding does not accumulate along the upload.
     """
 
     def __init__(self, cycles_per_sample: float, phase0: float) -> None:
@@ -127,17 +129,48 @@ class _Rotator:
         self.inner = np.exp(1j * self.w * np.arange(_ROT_BLOCK)).astype(np.complex64)
         steps = np.arange(_CHUNK // _ROT_BLOCK)
         self.outer = np.exp(1j * self.w * _ROT_BLOCK * steps).astype(np.complex64)
-        self._buf = np.empty((_CHUNK // _ROT_BLOCK, _ROT_BLOCK), dtype=np.complex64)
+        self._table = np.empty(0, dtype=np.complex64)  # grown to the longest chunk asked for
+        self._buf = np.empty(0, dtype=np.complex64)
 
     def chunk(self, m0: int, m: int) -> np.ndarray:
         """Rotator at samples ``m0 .. m0 + m - 1`` (``m <= _CHUNK``), ``complex64 (m,)``.
 
         The returned array is a view of a buffer reused by the next call.
         """
+        if self._table.size < m:
+            rows = -(-m // _ROT_BLOCK)
+            self._table = (self.outer[:rows, None] * self.inner[None, :]).reshape(-1)
+            self._buf = np.empty(self._table.size, dtype=np.complex64)
         start = np.complex64(np.exp(1j * (self.w * m0 + self.phase0)))
-        rows = -(-m // _ROT_BLOCK)
-        np.multiply((self.outer[:rows] * start)[:, None], self.inner[None, :], out=self._buf[:rows])
-        return self._buf.reshape(-1)[:m]
+        return np.multiply(self._table[:m], start, out=self._buf[:m])
+
+
+def _resampled_frame(
+    src: np.ndarray, start: float, ratio: float, inside: int, n_frame: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """The frame as the receiver samples it, in segments of at most ``_CHUNK`` samples.
+
+    Positions ``start + ratio * k`` for ``k < inside`` (band-limited interpolation,
+    :func:`radio.pulse.sample_line_chunks`), then the last transmitted sample held up to
+    ``n_frame`` samples.
+
+    Yields
+    ------
+    tuple
+        Frame index ``c0`` of the segment's first sample and the segment (``complex64``,
+        shape ``(m,)``, ``m <= _CHUNK``), which the consumer may overwrite; it is valid until
+        the next segment is requested.
+    """
+    done = 0
+    if inside:
+        for piece in sample_line_chunks(src, start, ratio, inside):
+            for a in range(0, piece.size, _CHUNK):
+                yield done + a, piece[a : a + _CHUNK]
+            done += piece.size
+    if done < n_frame:
+        held = sample_line(src, float(src.size - 1), 1.0, 1)
+        for c0 in range(done, n_frame, _CHUNK):
+            yield c0, np.repeat(held, min(_CHUNK, n_frame - c0))
 
 
 def fading_gains(
@@ -206,43 +239,33 @@ def emulate(
         noise.fill(rx, noise_var, rng)
     else:
         rx.view(np.float32)[:] = 0.0
+    rot = _Rotator(cfo / sample_rate_hz, float(rng.uniform(-np.pi, np.pi)))
     faded = params.fading != "none"
     if params.sro_ppm == 0.0 and delay == lead:
-        src, chunk_gain = s, (gain if faded else None)
+        # Whole-sample delay: the transmitted samples, copied chunkwise.
+        buf = np.empty(min(_CHUNK, n_frame), dtype=np.complex64)
+        for c0 in range(0, n_frame, _CHUNK):
+            m = min(_CHUNK, n_frame - c0)
+            seg = buf[:m]
+            seg[:] = s[c0 : c0 + m]
+            if faded:
+                seg *= gain[c0 : c0 + m] if gain.size > 1 else gain[0]
+            seg *= rot.chunk(lead + c0, m)
+            rx[lead + c0 : lead + c0 + m] += seg
     else:
         # Receiver sample m sees the transmitted signal at time (m - delay) * ratio, held
         # at the last transmitted sample past the end.
-        faded_tx = s.astype(np.complex64)
+        src = s
         if faded:
-            faded_tx *= gain
+            src = s.astype(np.complex64)
+            src *= gain
         start = (lead - delay) * ratio
         inside = max(min(n_frame, int(np.floor((s.size - 1 - start) / ratio)) + 1), 0)
         while inside > 0 and start + ratio * (inside - 1) > s.size - 1:
             inside -= 1
-        src = (
-            sample_line(faded_tx, start, ratio, inside)
-            if inside
-            else np.zeros(0, dtype=np.complex64)
-        )
-        if inside < n_frame:
-            held = sample_line(faded_tx, float(s.size - 1), 1.0, 1)
-            src = np.concatenate([src, np.repeat(held, n_frame - inside)])
-        chunk_gain = None
-    rot = _Rotator(cfo / sample_rate_hz, float(rng.uniform(-np.pi, np.pi)))
-    # The interpolated frame is ours to overwrite; the transmitted one is copied chunkwise.
-    own = src is not s
-    buf = np.empty(0 if own else min(_CHUNK, n_frame), dtype=np.complex64)
-    for c0 in range(0, n_frame, _CHUNK):
-        m = min(_CHUNK, n_frame - c0)
-        if own:
-            seg = src[c0 : c0 + m]
-        else:
-            seg = buf[:m]
-            seg[:] = src[c0 : c0 + m]
-        if chunk_gain is not None:
-            seg *= chunk_gain[c0 : c0 + m] if chunk_gain.size > 1 else chunk_gain[0]
-        seg *= rot.chunk(lead + c0, m)
-        rx[lead + c0 : lead + c0 + m] += seg
+        for c0, seg in _resampled_frame(src, start, ratio, inside, n_frame):
+            seg *= rot.chunk(lead + c0, seg.size)
+            rx[lead + c0 : lead + c0 + seg.size] += seg
     truth = EmulatedTruth(
         gain=gain, noise_var=noise_var, cfo_hz=cfo, delay_samples=delay, sro_ppm=params.sro_ppm
     )

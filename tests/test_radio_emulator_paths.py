@@ -1,7 +1,8 @@
 """The waveform emulator's fast paths: channel noise, rotator and evenly spaced resampling.
 
 Each is checked against the direct computation it replaces (``sample_at`` at explicit
-positions, ``exp(j phase)`` per sample) or against the distribution it must draw from.
+positions, each position's filter from the interpolator's table applied sample by sample,
+``exp(j phase)`` per sample) or against the distribution it must draw from.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from radio import line_sampler
 from radio.channel_noise import complex_gaussian
-from radio.pulse import sample_at, sample_line
+from radio.line_sampler import _phase_taps, sample_line, sample_line_chunks
+from radio.pulse import sample_at
 from radio.waveform_channel import _CHUNK, EmulatorParams, _Rotator, emulate
 
 
@@ -74,11 +77,83 @@ def test_sample_line_refuses_positions_outside() -> None:
         sample_line(x, 0.5, 1.0, 100)
 
 
-@pytest.mark.parametrize("sro_ppm", [0.0, 60.0, -60.0])
-def test_emulated_timing_is_band_limited_resampling(sro_ppm: float) -> None:
-    """Noiseless, no fading: rx = sample_at(s, (m - delay) (1 + sro)) times a pure rotator."""
+def _direct_line(
+    x: np.ndarray, start: float, step: float, count: int, upsample: int = 8
+) -> np.ndarray:
+    """:func:`sample_line` position by position, in double precision.
+
+    Position ``k`` lies ``u = upsample * (start + (step - 1) k)`` fine samples past
+    ``upsample * k``: input sample ``k + base`` and phase ``q`` (``floor(u) = upsample * base +
+    q``), fraction ``a = u - floor(u)``; its filter ``G[q] + a (G[q + 1] - G[q])`` from the
+    table, tap ``c`` on ``x[k + base - c - e_min]`` (zero outside ``x``).
+    """
+    table, e_min = _phase_taps(upsample)
+    out = np.empty(count, dtype=np.complex128)
+    for k in range(count):
+        u = upsample * start + upsample * (step - 1.0) * k
+        f = int(np.floor(u))
+        base, q = divmod(f, upsample)
+        taps = table[q] + (u - f) * (table[q + 1] - table[q])
+        at = k + base - np.arange(taps.size) - e_min
+        inside = (at >= 0) & (at < x.size)
+        out[k] = np.sum(taps[inside] * x[at[inside]])
+    return out
+
+
+@pytest.mark.parametrize("small_chunks", [False, True])
+@pytest.mark.parametrize(
+    "start, step, count",
+    [(0.0, 1.0, None), (3.37, 1.0, None), (0.5, 1 + 50e-6, None), (40.2, 1 - 50e-6, None),
+     (7.9, 1 - 2e-4, None), (10.2, 1 + 2e-4, None), (0.25, 1 + 3e-3, None),
+     # Runs of ~12 samples: rows of 64 samples hold several runs.
+     (2.5, 1 + 1e-2, 120), (2.5, 1 - 1e-2, 120), (1.7, 1.0, 1)],
+)
+def test_sample_line_is_the_filter_table_applied_per_position(
+    start: float, step: float, count: int | None, small_chunks: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if small_chunks:
+        # Chunks of 3 rows and products of 2 rows: every chunk and batch boundary is crossed.
+        monkeypatch.setattr(line_sampler, "LINE_CHUNK", 3 * line_sampler._ROW)
+        monkeypatch.setattr(line_sampler, "_BATCH_ROWS", 2)
+    x = _band_limited(6000, np.random.default_rng(4))
+    if count is None:
+        count = int((x.size - 1 - start) / step) + 1  # up to the last sample
+    ref = _direct_line(x, start, step, count)
+    got = sample_line(x, start, step, count)
+    assert got.dtype == np.complex64 and got.shape == ref.shape
+    assert np.max(np.abs(got - ref)) < 1e-6 * np.max(np.abs(ref))
+
+
+def test_sample_line_chunks_are_the_line_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(line_sampler, "LINE_CHUNK", 4 * line_sampler._ROW)
+    x = _band_limited(3000, np.random.default_rng(5))
+    for step in (1.0, 1 + 3e-4):
+        whole = sample_line(x, 1.3, step, 2900)
+        chunks = [c.copy() for c in sample_line_chunks(x, 1.3, step, 2900)]
+        assert [c.size for c in chunks] == [256] * 11 + [2900 - 11 * 256]
+        assert np.array_equal(np.concatenate(chunks), whole)
+
+
+def test_sample_line_reads_any_precision_alike() -> None:
+    """Double-precision input is rounded to single precision first, as a radio's samples."""
+    x = _band_limited(3000, np.random.default_rng(6))
+    for step in (1.0, 1 - 3e-4):
+        got = sample_line(x, 2.2, step, 2900)
+        assert np.array_equal(got, sample_line(x.astype(np.complex64), 2.2, step, 2900))
+        real = sample_line(x.real, 2.2, step, 2900)
+        assert np.array_equal(real, sample_line(x.real + 0j, 2.2, step, 2900))
+        assert np.all(real.imag == 0)
+
+
+@pytest.mark.parametrize(
+    "sro_ppm, fading", [(0.0, "none"), (60.0, "none"), (-60.0, "none"), (60.0, "rayleigh")]
+)
+def test_emulated_timing_is_band_limited_resampling(sro_ppm: float, fading: str) -> None:
+    """Noiseless: rx = sample_at(g s, (m - delay) (1 + sro)) times a pure rotator."""
     s = _band_limited(150_000, np.random.default_rng(2))
-    em = EmulatorParams(cfo_hz=1500.0, delay_max_samples=40.0, sro_ppm=sro_ppm, tail_samples=5)
+    em = EmulatorParams(fading=fading, cfo_hz=1500.0, delay_max_samples=40.0, sro_ppm=sro_ppm,
+                        tail_samples=5)
     fs = 1e6
     rx, truth = emulate(s, em, 0.0, fs, np.random.default_rng(3))
     ratio = 1 + sro_ppm * 1e-6
@@ -86,7 +161,7 @@ def test_emulated_timing_is_band_limited_resampling(sro_ppm: float) -> None:
     n_frame = rx.size - lead - em.tail_samples
     m = np.arange(lead, lead + n_frame)
     t = np.clip((m - truth.delay_samples) * ratio, 0.0, s.size - 1)
-    ref = sample_at(s, t)
+    ref = sample_at(s * truth.gain.astype(np.complex128), t)
     got = rx[lead : lead + n_frame]
     assert np.max(np.abs(np.abs(got) - np.abs(ref))) < 1e-5
     turn = got * np.conj(ref) / np.abs(ref) ** 2

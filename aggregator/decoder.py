@@ -19,7 +19,7 @@ def invert_channel(reception: Reception) -> np.ndarray:
     gain = reception.state.gain
     if gain.shape != reception.symbols.shape:
         raise ValueError(f"gain shape {gain.shape} != symbols shape {reception.symbols.shape}")
-    if np.any(gain == 0):
+    if not gain.all():  # some gain == 0 (a complex value is false only when 0 + 0j)
         raise ValueError("channel gain is exactly zero for some symbol: cannot invert")
     return reception.symbols / gain
 

@@ -64,7 +64,7 @@ def clip(g: np.ndarray, *, mode: str, bound: float) -> np.ndarray:
         limit = bound / math.sqrt(d)
         # The limit is rounded; shrink by one ulp so |g_j| <= Z/sqrt(d) holds in floats too.
         limit = float(np.nextafter(limit, 0.0))
-        return np.clip(arr, -limit, limit)
+        return np.clip(arr, -limit, limit, out=arr)  # arr is this function's copy
     norm = float(np.linalg.norm(arr.ravel()))
     if norm <= bound:
         return arr

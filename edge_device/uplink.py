@@ -83,7 +83,7 @@ class EncodedUpload:
 def unit_power_alpha(values: np.ndarray) -> float:
     """Alpha that gives the packed symbols unit mean power (1.0 for an all-zero vector)."""
     n_sym = (values.size + 1) // 2
-    energy = float(np.sum(values.astype(np.float64) ** 2))
+    energy = float(np.sum(np.asarray(values, dtype=np.float64) ** 2))
     return float(np.sqrt(n_sym / energy)) if energy > 0 else 1.0
 
 

@@ -61,7 +61,9 @@ def expand_blocks(
     ``coherence_symbols=None`` means one block covers the whole upload.
     """
     if coherence_symbols is None:
-        return np.full(n_symbols, block_gains[0], dtype=np.complex128)
+        gains = np.empty(n_symbols, dtype=np.complex128)  # np.full, without its Python layer
+        gains.fill(block_gains[0])
+        return gains
     idx = np.arange(n_symbols) // coherence_symbols
     return block_gains[idx].astype(np.complex128)
 
@@ -76,4 +78,13 @@ def n_blocks_for(n_symbols: int, coherence_symbols: int | None) -> int:
 def awgn(n: int, noise_var: float, rng: np.random.Generator) -> np.ndarray:
     """Circular complex Gaussian noise, ``E|n|^2 = noise_var``, shape ``(n,)``."""
     scale = np.sqrt(noise_var / 2.0)
-    return scale * (rng.standard_normal(n) + 1j * rng.standard_normal(n))
+    # The values of ``scale * (a + 1j * b)`` (``a``, then ``b``: ``n`` draws each) without its
+    # three complex temporaries. ``+ 0.0`` turns a -0.0 into +0.0, as the complex product
+    # does: bit for bit the same (tests/test_channel.py).
+    parts = rng.standard_normal(2 * n)
+    parts *= scale
+    parts += 0.0
+    out = np.empty(n, dtype=np.complex128)
+    out.real = parts[:n]
+    out.imag = parts[n:]
+    return out

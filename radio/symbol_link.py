@@ -81,7 +81,7 @@ def apply_channel(
         raise ValueError(f"symbols shape {x.shape} != channel gain shape {state.gain.shape}")
     y = state.gain * x
     if state.noise_var > 0:
-        y = y + noise.complex_normal(x.size, state.noise_var, rng)
+        y += noise.complex_normal(x.size, state.noise_var, rng)  # y is new: no copy
     return y
 
 

@@ -168,21 +168,34 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def get_flat(model: nn.Module) -> np.ndarray:
-    """All parameters as one ``float32`` vector, shape ``(d,)`` (a copy)."""
-    return nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy().copy()
+def get_flat(model: nn.Module, params: Sequence[torch.Tensor] | None = None) -> np.ndarray:
+    """All parameters as one ``float32`` vector, shape ``(d,)`` (a copy).
+
+    ``params``: ``list(model.parameters())`` when the caller has it listed already (a
+    trainer calls this once per device and round).
+    """
+    listed = list(model.parameters()) if params is None else params
+    with torch.no_grad():  # torch.cat always allocates: the result aliases no parameter
+        return torch.cat([p.reshape(-1) for p in listed]).cpu().numpy()
 
 
-def set_flat(model: nn.Module, flat: np.ndarray) -> None:
-    """Load a ``(d,)`` vector into the model's parameters (in place)."""
+def set_flat(
+    model: nn.Module, flat: np.ndarray, params: Sequence[torch.Tensor] | None = None
+) -> None:
+    """Load a ``(d,)`` vector into the model's parameters (in place).
+
+    ``params``: ``list(model.parameters())`` when the caller has it listed already.
+    """
+    listed = list(model.parameters()) if params is None else params
     vec = torch.as_tensor(np.asarray(flat, dtype=np.float32))
-    if vec.ndim != 1 or vec.numel() != n_params(model):
-        raise ValueError(f"flat vector has shape {tuple(vec.shape)}, model has {n_params(model)}")
+    d = n_params(model)
+    if vec.ndim != 1 or vec.numel() != d:
+        raise ValueError(f"flat vector has shape {tuple(vec.shape)}, model has {d}")
     # Copy (never alias): vector_to_parameters would make the parameters views of ``flat``,
     # and training would then silently modify the caller's array.
     with torch.no_grad():
         start = 0
-        for p in model.parameters():
+        for p in listed:
             n = p.numel()
             p.copy_(vec[start : start + n].view_as(p))
             start += n

@@ -14,6 +14,9 @@ from enum import IntEnum
 
 import numpy as np
 
+#: Entropy words are 32-bit: a smaller int is one word.
+_WORD = 2**32
+
 
 class Stream(IntEnum):
     """Purposes of reproducible streams; a value never changes meaning."""
@@ -47,9 +50,12 @@ def experiment_generator(
         raise ValueError(
             f"seed, device and round must be >= 0, got {seed}, {device}, {round_index}"
         )
-    return np.random.Generator(
-        np.random.PCG64(np.random.SeedSequence([seed, int(stream), device, round_index]))
-    )
+    words = (seed, int(stream), device, round_index)
+    # SeedSequence reads each int below 2**32 (0 included) as one uint32 word; given those
+    # words as a uint32 array it skips its per-int conversion in Python and mixes the same
+    # entropy, so the generator's state is the same (tests/test_seeding.py).
+    entropy = np.array(words, dtype=np.uint32) if max(words) < _WORD else list(words)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 
 def new_run_secret() -> str:

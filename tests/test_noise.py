@@ -35,13 +35,13 @@ def test_gaussian_is_symmetric_and_normal() -> None:
     assert abs(stats.kurtosis(x)) < 6 * math.sqrt(24 / 200_000)
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 10_920])
+@pytest.mark.parametrize("n", [1, 2, 7, 10_920, (1 << 20) + 3])
 def test_gaussian_is_box_muller_of_the_urandom_uniforms(
     n: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The transform against numpy's own log, sqrt, cos and sin on the same uniforms: the
-    first half of each draw of 2 ceil(n/2) uniforms is u1, the second u2; z = r cos, then
-    r sin, truncated to n."""
+    """The transform against numpy's Box-Muller on the same uniforms: per chunk of at most
+    2^20 values (m of them), one draw of 2 ceil(m/2) uniforms, u1 then u2; z = r cos, then
+    r sin, truncated to m."""
     drawn: list[np.ndarray] = []
     real = noise.secure_uniform
 
@@ -51,13 +51,15 @@ def test_gaussian_is_box_muller_of_the_urandom_uniforms(
 
     monkeypatch.setattr(noise, "secure_uniform", spy)
     z = gaussian(n, 1.5)
-    (u,) = drawn
-    pairs = (n + 1) // 2
-    assert u.shape == (2 * pairs,)
-    r = np.sqrt(-2.0 * np.log(u[:pairs]))
-    angle = 2.0 * np.pi * u[pairs:]
-    expected = 1.5 * np.concatenate([r * np.cos(angle), r * np.sin(angle)])[:n]
-    np.testing.assert_allclose(z, expected, rtol=1e-13, atol=1e-15)
+    parts = []
+    for start, u in zip(range(0, n, 1 << 20), drawn, strict=True):
+        m = min(1 << 20, n - start)
+        pairs = (m + 1) // 2
+        assert u.shape == (2 * pairs,)
+        r = np.sqrt(-2.0 * np.log(u[:pairs]))
+        angle = 2.0 * np.pi * u[pairs:]
+        parts.append(np.concatenate([r * np.cos(angle), r * np.sin(angle)])[:m])
+    np.testing.assert_allclose(z, 1.5 * np.concatenate(parts), rtol=1e-13, atol=1e-15)
 
 
 def test_gaussian_draws_differ_between_calls_and_zero_sigma_is_zero() -> None:

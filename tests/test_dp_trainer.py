@@ -18,6 +18,7 @@ from torch import nn
 from edge_device.dp_trainer import RecordTrainer, poisson_sample
 from edge_device.per_example import ClippedGradientSum
 from testbed.core.models import build_model, get_flat, n_params
+from tests.test_per_example_layers import _Twice
 
 BACKENDS = ["layers", "vmap"]
 
@@ -264,16 +265,7 @@ def test_backend_choice_and_fallbacks() -> None:
                                _manual_clipped_sum(own_model, x, y, 0.5)[0],
                                rtol=1e-4, atol=1e-6)
 
-    class Twice(nn.Module):  # one layer applied twice: per-layer formulas do not apply
-        def __init__(self) -> None:
-            super().__init__()
-            self.inp, self.a, self.out = nn.Linear(784, 32), nn.Linear(32, 32), nn.Linear(32, 10)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = torch.tanh(self.inp(x.flatten(1)))
-            return self.out(torch.tanh(self.a(torch.tanh(self.a(h)))))
-
-    model = Twice()
+    model = _Twice()  # one layer applied twice: per-layer formulas do not apply
     x, y = (torch.from_numpy(a) for a in _data(4, seed=13))
     csum = ClippedGradientSum(model)
     total, _, _ = csum(x, y, 0.5)

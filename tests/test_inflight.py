@@ -9,8 +9,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,8 +20,7 @@ from testbed.core.config.loader import load_experiment
 from testbed.core.privacy import Ledger
 from testbed.core.rundir import RunDir, RunDirError, dumps, read_jsonl
 from testbed.runner import run_experiment
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.test_crash_safety import _cli, _run_args
 
 
 def _upload(i: int, d: int = 5) -> tuple[np.ndarray, dict[str, object]]:
@@ -154,20 +151,6 @@ def test_uploads_kept_one_file_each_by_an_earlier_version_are_read(tmp_path: Pat
 
 
 # -- a kill between the writes and the group fsync, resumed -------------------------------
-
-def _cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **(env or {})})
-
-
-def _run_args(out: Path, overrides: list[str]) -> list[str]:
-    last = {o.split("=", 1)[0].strip(): o for o in overrides}
-    args = ["run", "--no-progress", "--out", str(out)]
-    for o in last.values():
-        args += ["--set", o]
-    return args
-
 
 def _strip(lines: list[dict]) -> list[dict]:
     """Metrics lines without wall times and the resumed marks of reused uploads."""

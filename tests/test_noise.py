@@ -35,31 +35,122 @@ def test_gaussian_is_symmetric_and_normal() -> None:
     assert abs(stats.kurtosis(x)) < 6 * math.sqrt(24 / 200_000)
 
 
+def _spy_bytes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every byte string the module reads from the OS CSPRNG, in order."""
+    drawn: list[bytes] = []
+    real = noise._random_bytes
+
+    def spy(k: int) -> bytes:
+        drawn.append(real(k))
+        return drawn[-1]
+
+    monkeypatch.setattr(noise, "_random_bytes", spy)
+    return drawn
+
+
+def _uniforms(raw: bytes) -> np.ndarray:
+    """The uniforms ``(k + 1) 2^-53`` of 64-bit little-endian words' top 53 bits, computed
+    word by word in exact integer arithmetic."""
+    words = [int.from_bytes(raw[8 * j : 8 * j + 8], "little") for j in range(len(raw) // 8)]
+    return np.array([Fraction((w >> 11) + 1, 1 << 53) for w in words], dtype=np.float64)
+
+
 @pytest.mark.parametrize("n", [1, 2, 7, 10_920, (1 << 20) + 3])
+@pytest.mark.parametrize("into", [False, True])
 def test_gaussian_is_box_muller_of_the_urandom_uniforms(
-    n: int, monkeypatch: pytest.MonkeyPatch
+    n: int, into: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The transform against numpy's Box-Muller on the same uniforms: per chunk of at most
-    2^20 values (m of them), one draw of 2 ceil(m/2) uniforms, u1 then u2; z = r cos, then
-    r sin, truncated to m."""
-    drawn: list[np.ndarray] = []
-    real = noise.secure_uniform
-
-    def spy(k: int) -> np.ndarray:
-        drawn.append(real(k).copy())
-        return drawn[-1].copy()
-
-    monkeypatch.setattr(noise, "secure_uniform", spy)
-    z = gaussian(n, 1.5)
+    2^20 values (m of them), one read of 16 ceil(m/2) bytes, u1 then u2; z = r cos, then
+    r sin, truncated to m. Into a caller's array or a new one, the same."""
+    drawn = _spy_bytes(monkeypatch)
+    out = np.full(n, np.nan) if into else None
+    z = gaussian(n, 1.5, out=out)
+    if into:
+        assert z is out
     parts = []
-    for start, u in zip(range(0, n, 1 << 20), drawn, strict=True):
+    starts = range(0, n, 1 << 20)
+    assert len(drawn) == len(starts)
+    for start, raw in zip(starts, drawn, strict=True):
         m = min(1 << 20, n - start)
         pairs = (m + 1) // 2
-        assert u.shape == (2 * pairs,)
+        assert len(raw) == 16 * pairs
+        u = _uniforms(raw) if m < 100_000 else (
+            (np.frombuffer(raw, dtype="<u8") >> np.uint64(11)).astype(np.float64) + 1.0) / 2.0**53
         r = np.sqrt(-2.0 * np.log(u[:pairs]))
         angle = 2.0 * np.pi * u[pairs:]
         parts.append(np.concatenate([r * np.cos(angle), r * np.sin(angle)])[:m])
     np.testing.assert_allclose(z, 1.5 * np.concatenate(parts), rtol=1e-13, atol=1e-15)
+
+
+def test_gaussian_into_refuses_an_unfit_array() -> None:
+    for bad in (np.empty(5, dtype=np.float32), np.empty(4), np.empty(10)[::2],
+                np.empty((5, 1)), [0.0] * 5):
+        with pytest.raises(ValueError, match="out must be"):
+            gaussian(5, 1.0, out=bad)  # type: ignore[arg-type]
+    out = np.full((2, 3), 7.0)
+    assert gaussian((2, 3), 0.0, out=out) is out and not out.any()
+
+
+def test_secure_uniform_is_the_top_53_bits_of_urandom_words(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn = _spy_bytes(monkeypatch)
+    u = noise.secure_uniform(1000)
+    assert np.array_equal(u, _uniforms(drawn[0])) and u.min() > 0 and u.max() <= 1
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0, 64 / 6000, 0.5, 1 / 3, 2.0**-60, 255.5 / 256])
+def test_secure_bernoulli_is_a_53_bit_uniform_below_the_rate(
+    rate: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decision against the 53-bit comparison it stands for: item j's top byte h_j is
+    read; for the items whose byte ties with T's top 8 bits (T = floor(q 2^53)), 8 more bytes
+    each give the 45 low bits (the top 45 of the word). Kept iff h 2^45 + low < T, the event
+    (k + 1) 2^-53 <= q of secure_uniform."""
+    drawn = _spy_bytes(monkeypatch)
+    n = 20_000
+    keep = noise.secure_bernoulli(n, rate)
+    assert keep.dtype == np.bool_ and keep.shape == (n,)
+    t = math.floor(Fraction(rate) * 2**53)
+    if rate == 1.0:
+        assert not drawn and keep.all()
+        return
+    high = drawn[0]
+    assert len(high) == n
+    ties = [j for j in range(n) if high[j] == t >> 45]
+    lows = drawn[1] if ties else b""
+    assert len(drawn) == (2 if ties else 1) and len(lows) == 8 * len(ties)
+    expect = [high[j] < t >> 45 for j in range(n)]
+    for m, j in enumerate(ties):
+        k = (high[j] << 45) + (int.from_bytes(lows[8 * m : 8 * m + 8], "little") >> 19)
+        expect[j] = Fraction(k + 1, 2**53) <= Fraction(rate)
+    assert keep.tolist() == expect
+
+
+def test_secure_bernoulli_ties_are_decided_by_the_low_bits(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chosen bytes: the tie cases on both sides of T's low bits."""
+    rate = (5 * 2**45 + 1000) / 2**53  # T = 5 * 2^45 + 1000: top byte 5, low bits 1000
+    reads = iter([bytes([4, 5, 6, 5, 5]),
+                  b"".join((v << 19).to_bytes(8, "little") for v in (999, 1000, 0))])
+    monkeypatch.setattr(noise, "_random_bytes", lambda k: next(reads))
+    assert noise.secure_bernoulli(5, rate).tolist() == [True, True, False, False, True]
+
+
+def test_secure_bernoulli_frequency_and_bad_arguments() -> None:
+    n, q = 400_000, 0.0107
+    kept = int(noise.secure_bernoulli(n, q).sum())
+    assert abs(kept - n * q) < 6 * math.sqrt(n * q * (1 - q))
+    assert noise.secure_bernoulli(0, 0.5).shape == (0,)
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="rate"):
+            noise.secure_bernoulli(3, bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n="):
+        noise.secure_bernoulli(-1, 0.5)
+    with pytest.raises(ValueError, match="seed"):
+        noise.secure_bernoulli(3, 0.5, seed=1)
 
 
 def test_gaussian_draws_differ_between_calls_and_zero_sigma_is_zero() -> None:

@@ -7,6 +7,9 @@ could learn (the experiment seed sits in a run's metadata). A passed ``seed`` is
   (Algorithm 1 of 003). Uniforms come from ``os.urandom`` (53 random bits each) and are turned
   into Gaussians by the Box-Muller transform. ``numpy``'s PCG-based generators are not used:
   PCG is not a CSPRNG, its state can be recovered from outputs.
+* :func:`secure_bernoulli`: independent ``Bernoulli(q)`` inclusions (Poisson subsampling)
+  from ``os.urandom``, exactly the law of ``secure_uniform(n) <= q`` from one byte per item
+  (and 8 more for the one item in 256 whose byte ties with ``q``'s).
 * :func:`discrete_gaussian`: the exact discrete Gaussian ``N_Z(0, sigma^2)`` of Canonne,
   Kamath and Steinke (2020), "The Discrete Gaussian for Differential Privacy", Algorithms 1-3:
   rejection from a discrete Laplace with exact ``Bernoulli(exp(-gamma))`` draws in rational
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import threading
 from fractions import Fraction
 
 import numpy as np
@@ -39,21 +43,109 @@ def _refuse_seed(seed: object, where: str) -> None:
         )
 
 
+#: ``2^-53``: a 53-bit integer ``k`` becomes the uniform ``(k + 1) 2^-53`` in ``(0, 1]``.
+_ULP53 = 1.0 / 9007199254740992.0
+
+
+def _random_bytes(n: int) -> bytes:
+    """``n`` bytes from the OS CSPRNG (``os.urandom``: ``getrandom(2)`` on Linux). Every random
+    bit of this module comes through here."""
+    return os.urandom(n)
+
+
+class _Scratch(threading.local):
+    """Per-thread work arrays of :func:`gaussian`, reused across calls: a fresh array of the
+    size of a model's noise costs its page faults (about 0.1 ms per 175 kB here), a fifth of
+    the draw. Each call overwrites what it uses; nothing is kept between calls but memory."""
+
+    def __init__(self) -> None:
+        self.raw = np.empty(0, dtype=np.uint64)
+        self.uniform = np.empty(0, dtype=np.float64)
+
+    def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Views of ``n`` entries: ``uint64`` raw words and ``float64`` uniforms."""
+        if self.raw.size < n:
+            self.raw = np.empty(n, dtype=np.uint64)
+            self.uniform = np.empty(n, dtype=np.float64)
+        return self.raw[:n], self.uniform[:n]
+
+
+_SCRATCH = _Scratch()
+
+
+def _uniforms_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fill ``out`` (``float64``) with uniforms in ``(0, 1]``, 53 bits each, through ``raw``
+    (``uint64``, the same length, overwritten): ``(k + 1) 2^-53`` with ``k`` the top 53 bits of
+    a random 64-bit word."""
+    raw.view(np.uint8)[:] = np.frombuffer(_random_bytes(8 * raw.size), dtype=np.uint8)
+    np.right_shift(raw, np.uint64(11), out=raw)
+    out[:] = raw  # exact: k < 2^53
+    out += 1.0
+    out *= _ULP53
+
+
 def secure_uniform(n: int, *, seed: object = None) -> np.ndarray:
     """``n`` uniforms in ``(0, 1]`` from ``os.urandom`` (53 bits each), ``float64``."""
     _refuse_seed(seed, "secure_uniform")
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
         raise ValueError(f"secure_uniform: n={n!r} must be an integer >= 0")
-    raw = np.frombuffer(os.urandom(8 * int(n)), dtype=np.uint64)
-    # In place after the two unavoidable arrays: every fresh array this size costs its page
-    # faults (about 0.1 ms per 175 kB here), more than the arithmetic.
-    out = (raw >> np.uint64(11)).astype(np.float64)
-    out += 1.0
-    out *= 1.0 / 9007199254740992.0
+    out = np.empty(int(n), dtype=np.float64)
+    _uniforms_into(np.empty(int(n), dtype=np.uint64), out)
     return out
 
 
-def gaussian(shape: int | tuple[int, ...], sigma: float, *, seed: object = None) -> np.ndarray:
+def secure_bernoulli(n: int, rate: float, *, seed: object = None) -> np.ndarray:
+    """``n`` independent inclusions with probability ``rate`` from the OS CSPRNG.
+
+    The law is exactly that of ``secure_uniform(n) <= rate``: with ``T = floor(rate 2^53)``,
+    item ``j`` is kept when a uniform 53-bit integer ``k_j`` is below ``T`` (``(k + 1) 2^-53
+    <= rate`` if and only if ``k + 1 <= T``), so ``P(keep) = T 2^-53``, within ``2^-53`` below
+    ``rate``. ``k_j``'s top 8 bits are one random byte ``h_j``; only when ``h_j`` equals
+    ``T``'s top 8 bits (probability ``1/256``) are its 45 low bits drawn (from 8 more bytes)
+    and compared, as the comparison of ``k_j`` with ``T`` would: ``P(keep) = T_hi / 256 +
+    (1/256) T_lo 2^-45 = T 2^-53``. About 1 byte per item instead of 8.
+
+    Parameters
+    ----------
+    n
+        Number of items, ``>= 0``.
+    rate
+        Inclusion probability ``q`` in ``[0, 1]``.
+    seed
+        Must be ``None``; any other value raises ``ValueError``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``bool``, ``(n,)``.
+    """
+    _refuse_seed(seed, "secure_bernoulli")
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"secure_bernoulli: n={n!r} must be an integer >= 0")
+    if isinstance(rate, bool) or not isinstance(rate, int | float | np.floating) or not (
+        0.0 <= rate <= 1.0
+    ):
+        raise ValueError(f"secure_bernoulli: rate={rate!r} must be a number in [0, 1]")
+    threshold = math.floor(float(rate) * 9007199254740992.0)  # T, exact: a power-of-2 scaling
+    t_hi, t_lo = threshold >> 45, threshold & ((1 << 45) - 1)
+    if t_hi > 255:  # rate 1: T = 2^53, every k is below it (no random bit is needed)
+        return np.ones(int(n), dtype=bool)
+    high = np.frombuffer(_random_bytes(int(n)), dtype=np.uint8)
+    keep = high < t_hi
+    ties = np.flatnonzero(high == t_hi)
+    if ties.size:
+        low = np.frombuffer(_random_bytes(8 * ties.size), dtype=np.uint64) >> np.uint64(19)
+        keep[ties] = low < np.uint64(t_lo)
+    return keep
+
+
+def gaussian(
+    shape: int | tuple[int, ...],
+    sigma: float,
+    *,
+    seed: object = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Continuous Gaussian noise ``N(0, sigma^2 I)`` from the OS CSPRNG.
 
     Parameters
@@ -64,6 +156,10 @@ def gaussian(shape: int | tuple[int, ...], sigma: float, *, seed: object = None)
         Standard deviation per coordinate, ``>= 0`` (same units as the vector it perturbs).
     seed
         Must be ``None``; any other value raises ``ValueError``.
+    out
+        ``None``: a new array. Else a C-contiguous ``float64`` array of exactly ``shape``,
+        overwritten with the draw and returned (a caller drawing the same size again and
+        again keeps one and saves the fresh array's page faults).
 
     Returns
     -------
@@ -78,31 +174,43 @@ def gaussian(shape: int | tuple[int, ...], sigma: float, *, seed: object = None)
     shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
     if any(int(s) < 0 for s in shp):
         raise ValueError(f"gaussian: shape={shape!r} has a negative dimension")
-    n = int(np.prod(shp, dtype=np.int64)) if shp else 1
+    shp = tuple(int(s) for s in shp)
+    if out is None:
+        out = np.empty(shp, dtype=np.float64)
+    elif not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.shape == shp
+              and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(
+            f"gaussian: out must be a writeable C-contiguous float64 array of shape {shp}, "
+            f"got {type(out).__name__} {getattr(out, 'dtype', '')} "
+            f"{getattr(out, 'shape', '')}")
+    flat = out.reshape(-1)
+    n = flat.size
     if sigma == 0:
-        return np.zeros(shp, dtype=np.float64)
+        flat[:] = 0.0
+        return out
     # numpy only: the secret channel noise of the GNU Radio flowgraph process uses this too
     # (flowgraphs/csprng_noise.py, the system interpreter, which has no torch)
-    out = np.empty(n, dtype=np.float64)
     for start in range(0, n, _CHUNK):
         m = min(_CHUNK, n - start)
         pairs = (m + 1) // 2
-        u = secure_uniform(2 * pairs)  # u1, then u2: one read of urandom
-        radius = np.log(u[:pairs])
+        raw, u = _SCRATCH.arrays(2 * pairs)
+        _uniforms_into(raw, u)  # u1, then u2: one read of urandom
+        radius = u[:pairs]
+        np.log(radius, out=radius)
         radius *= -2.0
         np.sqrt(radius, out=radius)
         angle = u[pairs:]
         angle *= 2.0 * np.pi
         # z = (r cos, r sin), truncated to m: straight into ``out`` when m is even
-        z = out[start : start + m] if m % 2 == 0 else np.empty(2 * pairs, dtype=np.float64)
+        z = flat[start : start + m] if m % 2 == 0 else np.empty(2 * pairs, dtype=np.float64)
         np.cos(angle, out=z[:pairs])
         np.sin(angle, out=z[pairs:])
         z[:pairs] *= radius
         z[pairs:] *= radius
         if m % 2:
-            out[start : start + m] = z[:m]
-    out *= float(sigma)
-    return out.reshape(shp)
+            flat[start : start + m] = z[:m]
+    flat *= float(sigma)
+    return out
 
 
 # ---------------------------------------------------------------- exact discrete Gaussian

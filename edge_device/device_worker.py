@@ -132,11 +132,36 @@ def train_device(
     seconds = time.perf_counter() - t0
     # A record-level round whose Poisson batches were all empty has no loss (nan).
     no_examples = record is not None and int(np.sum(local.batch_sizes)) == 0
+    return trained(i, t, local, comp, seconds, no_examples=no_examples)
+
+
+def trained(
+    device: int, round_index: int, local: Any, comp: Measurement, seconds: float,
+    *, no_examples: bool = False,
+) -> Trained:
+    """A local training's :class:`Trained`, refused when it diverged.
+
+    Parameters
+    ----------
+    device, round_index
+        Which device and round.
+    local
+        The trainer's result (``differential``, ``mean_loss``).
+    comp, seconds
+        Its computing energy and wall time (s).
+    no_examples
+        A record-level round whose Poisson batches were all empty (its loss is ``nan``).
+
+    Raises
+    ------
+    TrainingDiverged
+        When the loss or the differential is not finite.
+    """
     if not (
         (np.isfinite(local.mean_loss) or no_examples) and np.all(np.isfinite(local.differential))
     ):
-        raise TrainingDiverged(f"device {i} round {t}: non-finite loss or update")
-    return Trained(i, t, local.differential, float(local.mean_loss), comp, seconds)
+        raise TrainingDiverged(f"device {device} round {round_index}: non-finite loss or update")
+    return Trained(device, round_index, local.differential, float(local.mean_loss), comp, seconds)
 
 
 def _train(

@@ -11,6 +11,7 @@ between a device's training and its transmission.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -21,8 +22,15 @@ import torch
 
 from aggregator.devices import Answered, Journal, SecAggOutcome, Upload
 from aggregator.state import RunState
-from edge_device.device_worker import DeviceWorker, Trained, make_trainer, train_device
-from edge_device.energy_meter import ModelMeter, make_meter
+from edge_device.batched_trainer import BatchedTrainer, BatchingUnsupported
+from edge_device.device_worker import (
+    DeviceWorker,
+    Trained,
+    make_trainer,
+    train_device,
+    trained,
+)
+from edge_device.energy_meter import EnergyReading, Measurement, ModelMeter, make_meter
 from radio.link import Link
 from testbed.core.compute import check_workers
 from testbed.core.config.loader import ConfigError
@@ -32,6 +40,7 @@ from testbed.core.links import make_link
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.secure_aggregation import CARRIER as SECAGG_CARRIER
 from testbed.core.secure_aggregation import secure_sum
+from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 from testbed.parallel_training import TrainingPool, resolve_workers
@@ -78,6 +87,29 @@ class LocalDevices:
         #: Processes that train a round's devices (1: this one, no pool).
         self.workers = self._resolve_workers()
         self._pool: TrainingPool | None = None
+        #: Devices trained together (``compute.batch_devices`` > 1), else ``None``.
+        self._batched = self._batched_trainer()
+
+    def _batched_trainer(self) -> BatchedTrainer | None:
+        """The trainer of ``compute.batch_devices`` devices at a time, refused (before any
+        work) where the devices cannot be trained together."""
+        state, k = self.state, self.state.cfg.compute.batch_devices
+        if k == 1:
+            return None
+        key = f"config key 'compute.batch_devices': got {k}"
+        if state.record:
+            raise ConfigError(
+                f"{key} at privacy.unit record, where each device trains on its own "
+                "(per-example clipping, its own noise and batches); allowed: 1")
+        if not isinstance(self.energy_meter, ModelMeter):
+            raise ConfigError(
+                f"{key}; the computing energy is measured ({self.energy_meter.source}), which "
+                "needs one device training at a time; allowed: 1, or energy.source=model")
+        try:
+            return BatchedTrainer(state.model, self.data.x_train, self.data.y_train,
+                                  device=self.compute)
+        except BatchingUnsupported as exc:
+            raise ConfigError(f"{key}; {exc}; allowed: 1") from exc
 
     def _resolve_workers(self) -> int:
         """Worker processes for local training (``workers``; see
@@ -88,6 +120,14 @@ class LocalDevices:
         cfg = self.state.cfg
         check_workers(self.compute, cfg.workers)
         if self.compute.type != "cpu":
+            return 1
+        if cfg.compute.batch_devices > 1:  # the batched devices train in this process
+            if cfg.workers not in (1, "auto"):
+                raise ConfigError(
+                    f"config key 'workers': got {cfg.workers} with compute.batch_devices "
+                    f"{cfg.compute.batch_devices}; allowed: 1 or 'auto' (devices trained "
+                    "together train in the run's process), or compute.batch_devices 1"
+                )
             return 1
         per_round = cfg.sample_devices or cfg.clients_per_round or cfg.devices
         n = resolve_workers(cfg.workers, cfg.torch_threads, per_round)
@@ -230,8 +270,31 @@ class LocalDevices:
             tasks = [(i, state.record_settings(i)) for i in devices]
             yield from self._pool.train(w, t, tasks, on_wait=stop.check)
             return
+        if self._batched is not None:
+            k = state.cfg.compute.batch_devices
+            for start in range(0, len(devices), k):
+                yield from self._train_together(t, w, devices[start : start + k])
+            return
         for i in devices:
             yield self.device(i).train(w, t)
+
+    def _train_together(self, t: int, w: np.ndarray, devices: list[int]) -> list[Trained]:
+        """Round ``t``'s training of ``devices`` in one batched pass: each with its own
+        minibatch stream (as :func:`~edge_device.device_worker.train_device` spawns it), its
+        share of the wall time and the model's computing energy per device."""
+        cfg, meter = self.state.cfg, self.energy_meter
+        assert self._batched is not None and isinstance(meter, ModelMeter)
+        rngs = [experiment_generator(cfg.seed, Stream.MINIBATCH, i, t) for i in devices]
+        t0 = time.perf_counter()
+        results = self._batched.train(
+            w, [self.parts[i] for i in devices], steps=cfg.local_steps,
+            batch_size=cfg.batch_size, lr=cfg.lr, rngs=rngs)
+        seconds = (time.perf_counter() - t0) / len(devices)
+        return [
+            trained(i, t, local, Measurement(EnergyReading(
+                meter.e_comp_j, seconds, meter.source, 0)), seconds)
+            for i, local in zip(devices, results, strict=True)
+        ]
 
     def device(self, i: int) -> DeviceWorker:
         """Device ``i``'s worker, made when first asked (its data are index rows into the

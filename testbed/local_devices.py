@@ -6,7 +6,9 @@ asked. With ``workers`` > 1 the local training of a round's devices runs in work
 processes (:mod:`testbed.parallel_training`); encoding, transmission and the ledger stay in
 this process, in device order, one upload at a time: a device's upload is journalled and
 goes on air only after the previous one was recorded, and a requested stop is seen
-between a device's training and its transmission.
+between a device's training and its transmission. With ``compute.batch_devices`` K > 1 the
+devices train K at a time in this process (:mod:`edge_device.batched_trainer`), and are
+then encoded and transmitted one at a time, in device order, as before.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ Figures (baselines measured in the same run, the configurations run one after an
   the uploads included (``wall_s.round - wall_s.eval``) / the same with 10 devices; aim: at
   most 1 ms. The devices' own local training (``wall_s.train``, run one after another in this
   process) is part of it.
+* ``per_device_1000_abs_batched``: the same with the devices trained ``BATCH`` (250) at a
+  time (``compute.batch_devices``; for logreg the same model bit for bit) / the same one
+  device at a time; aim: at most 1 ms.
 * ``per_device_1000_aggregator``: the same without the devices' local training (what the
   aggregator spends per device: gate, link, decode, keep, the round's bookkeeping) / the
   same with 10 devices; no aim.
@@ -54,18 +57,21 @@ from typing import Any
 
 from testbed.bench_figures import Figure, figure, format_table
 
+#: ``compute.batch_devices`` of the batched 1,000-device configuration.
+BATCH = 250
 BASE = ["model=logreg", "partition=iid", "batch_size=8", "eval_subset=null",
         "eval_every=1000000", "name=bench-population"]
 
 
-def child(devices: int, sample: int | None, rounds: int, steps: int, workers: int) -> int:
+def child(devices: int, sample: int | None, rounds: int, steps: int, workers: int,
+          batch: int = 1) -> int:
     """One configuration, in this (child) process: prints one JSON line."""
     from testbed.core.config.loader import load_experiment
     from testbed.core.rundir import read_jsonl
     from testbed.runner import run_experiment
 
     sets = [*BASE, f"devices={devices}", f"rounds={rounds}", f"local_steps={steps}",
-            f"workers={workers}"]
+            f"workers={workers}", f"compute.batch_devices={batch}"]
     if sample is not None:
         sets.append(f"sample_devices={sample}")
     t0 = time.perf_counter()
@@ -96,12 +102,13 @@ def child(devices: int, sample: int | None, rounds: int, steps: int, workers: in
 
 
 def measure(devices: int, sample: int | None, rounds: int, steps: int,
-            workers: int = 1) -> dict[str, Any]:
+            workers: int = 1, batch: int = 1) -> dict[str, Any]:
     """Run one configuration in a child process; its JSON with the steady round cost."""
     cmd = [sys.executable, __file__, "--child", str(devices), str(sample or 0), str(rounds),
-           str(steps), str(workers)]
+           str(steps), str(workers), str(batch)]
     label = f"{devices} devices" + (f", {sample} asked" if sample else "") + (
-        f", {workers} workers" if workers > 1 else "")
+        f", {workers} workers" if workers > 1 else "") + (
+        f", trained {batch} at a time" if batch > 1 else "")
     print(f"{label} ...", file=sys.stderr)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -122,8 +129,8 @@ def measure(devices: int, sample: int | None, rounds: int, steps: int,
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        d, s, r, h, w = (int(x) for x in sys.argv[2:7])
-        return child(d, s or None, r, h, w)
+        d, s, r, h, w, b = (int(x) for x in sys.argv[2:8])
+        return child(d, s or None, r, h, w, b)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds per configuration (default 3, with --full 5); >= 2")
@@ -139,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "100": measure(100, None, rounds, args.steps),
         "10000/100": measure(10000, 100, rounds, args.steps),
         "1000": measure(1000, None, rounds, args.steps),
+        f"1000 batch_devices={BATCH}": measure(1000, None, rounds, args.steps, batch=BATCH),
     }
     if args.full:
         runs["10000/1000"] = measure(10000, 1000, rounds, args.steps)
@@ -158,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         baseline_name="the same with 10 devices",
         note=f"1,000 devices, keeping the uploads and the devices' local training included; "
              f"{note}"))
+    figures.append(figure(
+        "per_device_1000_abs_batched", runs[f"1000 batch_devices={BATCH}"]["whole_per_device_s"],
+        runs["1000"]["whole_per_device_s"], "s", better="lower", aim_value=0.001,
+        baseline_name="the same one device at a time",
+        note=f"1,000 devices trained {BATCH} at a time (compute.batch_devices, the same model "
+             f"bit for bit for logreg), keeping the uploads included; {note}"))
     figures.append(figure(
         "per_device_1000_aggregator", runs["1000"]["aggregator_per_device_s"],
         runs["10"]["aggregator_per_device_s"], "s", better="lower",

@@ -178,10 +178,9 @@ class RecordTrainer:
             for v, p in zip(torch.split(self._step, [p.numel() for p in params]), params,
                             strict=True)
         ]
-        # the per-step noise, drawn into the same arrays each step (no fresh array's page
-        # faults): float64 from the OS CSPRNG, then rounded to float32 on the CPU
-        self._noise64 = np.empty(self.d, dtype=np.float64)
-        self._noise32 = torch.empty(self.d, dtype=params[0].dtype)
+        # the per-step noise, drawn into the same array each step (no fresh array's page
+        # faults): float64 from the OS CSPRNG, rounded once to float32 on the CPU
+        self._noise32 = torch.empty(self.d, dtype=torch.float32)
 
     @property
     def n_examples(self) -> int:
@@ -266,12 +265,11 @@ class RecordTrainer:
             else:
                 total = torch.zeros(self.d, dtype=torch.float32, device=dev)
             if sigma_sum > 0:  # drawn on the CPU (OS CSPRNG), rounded there, then moved
-                gaussian(self.d, sigma_sum, out=self._noise64)
-                self._noise32.copy_(torch.from_numpy(self._noise64))
+                gaussian(self.d, sigma_sum, out=self._noise32.numpy())
                 total.add_(self._noise32.to(dev))  # total: this step's own fresh sum
             torch.mul(total, inv_b, out=self._step)  # (d,) float32: the noisy gradient
             self._sgd_step(lr)
-            differential += total.double() * inv_b
+            differential.add_(total, alpha=inv_b)  # in float64: total widened, then scaled
         seen = int(sizes.sum())
         return RecordResult(
             weights=get_flat(self.model),

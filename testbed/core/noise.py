@@ -157,14 +157,16 @@ def gaussian(
     seed
         Must be ``None``; any other value raises ``ValueError``.
     out
-        ``None``: a new array. Else a C-contiguous ``float64`` array of exactly ``shape``,
-        overwritten with the draw and returned (a caller drawing the same size again and
-        again keeps one and saves the fresh array's page faults).
+        ``None``: a new ``float64`` array. Else a C-contiguous ``float64`` or ``float32``
+        array of exactly ``shape``, overwritten with the draw and returned (a caller drawing
+        the same size again and again keeps one and saves the fresh array's page faults).
+        Into ``float32`` each value is computed in ``float64`` as for a ``float64`` array
+        and rounded once (to nearest), exactly as that array's ``astype(np.float32)``.
 
     Returns
     -------
     numpy.ndarray
-        ``float64`` of the given shape. ``sigma == 0`` gives zeros.
+        ``out``, or a new ``float64`` array of the given shape. ``sigma == 0`` gives zeros.
     """
     _refuse_seed(seed, "gaussian")
     if isinstance(sigma, bool) or not isinstance(sigma, int | float | np.floating):
@@ -177,10 +179,11 @@ def gaussian(
     shp = tuple(int(s) for s in shp)
     if out is None:
         out = np.empty(shp, dtype=np.float64)
-    elif not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.shape == shp
-              and out.flags.c_contiguous and out.flags.writeable):
+    elif not (isinstance(out, np.ndarray) and out.dtype in (np.float64, np.float32)
+              and out.shape == shp and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(
-            f"gaussian: out must be a writeable C-contiguous float64 array of shape {shp}, "
+            f"gaussian: out must be a writeable C-contiguous float64 or float32 array of "
+            f"shape {shp}, "
             f"got {type(out).__name__} {getattr(out, 'dtype', '')} "
             f"{getattr(out, 'shape', '')}")
     flat = out.reshape(-1)
@@ -190,6 +193,7 @@ def gaussian(
         return out
     # numpy only: the secret channel noise of the GNU Radio flowgraph process uses this too
     # (flowgraphs/csprng_noise.py, the system interpreter, which has no torch)
+    wide = flat.dtype == np.float64
     for start in range(0, n, _CHUNK):
         m = min(_CHUNK, n - start)
         pairs = (m + 1) // 2
@@ -201,15 +205,20 @@ def gaussian(
         np.sqrt(radius, out=radius)
         angle = u[pairs:]
         angle *= 2.0 * np.pi
-        # z = (r cos, r sin), truncated to m: straight into ``out`` when m is even
-        z = flat[start : start + m] if m % 2 == 0 else np.empty(2 * pairs, dtype=np.float64)
+        # z = (r cos, r sin), truncated to m: straight into a float64 ``out`` when m is even,
+        # else into the raw words' scratch (read already) and copied
+        direct = wide and m % 2 == 0
+        z = flat[start : start + m] if direct else raw.view(np.float64)
         np.cos(angle, out=z[:pairs])
         np.sin(angle, out=z[pairs:])
         z[:pairs] *= radius
         z[pairs:] *= radius
-        if m % 2:
+        if not direct:
+            if not wide:
+                z *= float(sigma)  # in float64, then rounded once below
             flat[start : start + m] = z[:m]
-    flat *= float(sigma)
+    if wide:
+        flat *= float(sigma)
     return out
 
 

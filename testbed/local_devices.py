@@ -280,10 +280,12 @@ class LocalDevices:
         for i in devices:
             yield self.device(i).train(w, t)
 
-    def _train_together(self, t: int, w: np.ndarray, devices: list[int]) -> list[Trained]:
+    def _train_together(self, t: int, w: np.ndarray, devices: list[int]) -> Iterator[Trained]:
         """Round ``t``'s training of ``devices`` in one batched pass: each with its own
         minibatch stream (as :func:`~edge_device.device_worker.train_device` spawns it), its
-        share of the wall time and the model's computing energy per device."""
+        share of the wall time and the model's computing energy per device. Each result is
+        checked when it is taken, so a device that diverged stops the run where it would
+        one device at a time: after the devices before it went on air."""
         cfg, meter = self.state.cfg, self.energy_meter
         assert self._batched is not None and isinstance(meter, ModelMeter)
         rngs = [experiment_generator(cfg.seed, Stream.MINIBATCH, i, t) for i in devices]
@@ -292,11 +294,9 @@ class LocalDevices:
             w, [self.parts[i] for i in devices], steps=cfg.local_steps,
             batch_size=cfg.batch_size, lr=cfg.lr, rngs=rngs)
         seconds = (time.perf_counter() - t0) / len(devices)
-        return [
-            trained(i, t, local, Measurement(EnergyReading(
+        for i, local in zip(devices, results, strict=True):
+            yield trained(i, t, local, Measurement(EnergyReading(
                 meter.e_comp_j, seconds, meter.source, 0)), seconds)
-            for i, local in zip(devices, results, strict=True)
-        ]
 
     def device(self, i: int) -> DeviceWorker:
         """Device ``i``'s worker, made when first asked (its data are index rows into the

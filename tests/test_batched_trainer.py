@@ -152,3 +152,33 @@ def test_workers_auto_with_batched_devices_trains_in_the_run_process(
                    tmp_path / "run")
     assert summary["status"] == "completed", summary["reason"]
     assert summary["workers"] == 1
+
+
+def test_a_device_that_diverged_stops_the_run_where_it_would_one_at_a_time(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Device 2 of a batch of 4 diverges: devices 0 and 1 are encoded (and go on air), then
+    the run ends as diverged, as when the devices train one after another."""
+    from edge_device.device_worker import DeviceWorker
+    from edge_device.trainer import LocalResult
+
+    real_group = BatchedTrainer._train_group
+
+    def third_explodes(self: BatchedTrainer, *args: Any) -> list[LocalResult]:
+        out = real_group(self, *args)
+        bad = out[2]
+        out[2] = LocalResult(bad.weights, bad.differential * np.nan, float("nan"))
+        return out
+
+    encoded: list[int] = []
+    real_encode = DeviceWorker.encode
+
+    def spy(self: DeviceWorker, trained: Any, timer: Any) -> Any:
+        encoded.append(self.device)
+        return real_encode(self, trained, timer)
+
+    monkeypatch.setattr(BatchedTrainer, "_train_group", third_explodes)
+    monkeypatch.setattr(DeviceWorker, "encode", spy)
+    summary = _run([*tiny_overrides, "compute.batch_devices=4"], tmp_path / "run")
+    assert summary["status"] == "diverged" and "device 2 round 0" in summary["reason"]
+    assert encoded == [0, 1]

@@ -188,7 +188,7 @@ class BatchedTrainer:
                 for name in self.names:  # w -= lr * grad, per device (the views write flat)
                     params[name].add_(grads[name], alpha=-lr)
             losses[:, s] = loss.detach()
-        w_local = flat.detach().cpu().numpy()  # (K, d) float32: the leaves are views of it
+        w_local = flat.cpu().numpy()  # (K, d) float32: the parameters were views of it
         loss_rows = losses.cpu().numpy().astype(np.float64)
         out = []
         for k in range(n_dev):

@@ -15,9 +15,9 @@ would overflow later arithmetic have upper bounds: ``clip.bound <= 1e6``,
 ``energy.e_comp_j <= 1e6`` J. ``name`` becomes a directory name under ``runs/``, so it must
 be a plain file name (:data:`NAME_PATTERN`).
 
-The sections of the config (``clip``, ``compression``, ``privacy``, ``power``, ``energy``)
-are in :mod:`testbed.core.config.sections`; ``compute`` (where the model computes) is
-:class:`ComputeConfig` here, resolved on each host by :mod:`testbed.core.compute`.
+The sections of the config (``clip``, ``compression``, ``privacy``, ``power``, ``energy``,
+``compute``) are in :mod:`testbed.core.config.sections`; ``compute`` (where the model
+computes) is resolved on each host by :mod:`testbed.core.compute`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from testbed.core.config.aircomp_checks import check_aircomp
 from testbed.core.config.safe_yaml import short_repr
 from testbed.core.config.sections import (
+    DEVICE_ALLOWED,
+    DEVICE_PATTERN,
     ClipConfig,
     CompressionConfig,
+    ComputeConfig,
     EnergyConfig,
     PowerConfig,
     PrivacyConfig,
@@ -40,6 +43,8 @@ from testbed.core.config.sections import (
 )
 from testbed.core.extensions import absolute_paths, check_import_syntax, is_import_string
 from testbed.core.scheme_api import check_scheme_class, split_scheme_import
+
+__all__ = ["DEVICE_ALLOWED", "DEVICE_PATTERN", "ComputeConfig", "ExperimentConfig"]
 
 SCHEMES = (
     "fedavg",
@@ -67,59 +72,6 @@ DEFAULT_DATA_DIRS: dict[str, str | None] = {
     "mnist": None,
     "cifar10": None,
 }
-
-
-#: The values of ``compute.device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (N >= 0).
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda|cuda:(0|[1-9][0-9]{0,3})")
-#: What ``compute.device`` allows, for error messages.
-DEVICE_ALLOWED = (
-    "'auto' (CUDA when torch sees a GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N' "
-    "(N = 0, 1, ...: the GPU's index)"
-)
-
-
-class ComputeConfig(_Strict):
-    """Where local training, per-example gradients and evaluation compute.
-
-    ``device: auto`` takes the first CUDA device when torch sees one, else the CPU; ``cpu``
-    computes exactly as before this setting existed; ``cuda`` / ``cuda:N`` ask for a GPU
-    and are refused before any work on a host where torch does not see it
-    (:func:`testbed.core.compute.resolve_device`). Each host resolves it for itself (the
-    aggregator for evaluation, every edge agent for its training).
-    """
-
-    device: str = Field(
-        "auto",
-        description=(
-            "auto | cpu | cuda | cuda:N: where the model trains and is evaluated (auto: "
-            "CUDA when available, else the CPU); privacy noise stays on the CPU"
-        ),
-    )
-
-    batch_devices: int = Field(
-        1,
-        ge=1,
-        le=4096,
-        description=(
-            "testbed run (the devices simulated in the run's process): devices whose local "
-            "training (plain minibatch SGD at the device unit) runs together, one "
-            "torch.func.vmap pass over their stacked parameters per step "
-            "(edge_device/batched_trainer.py). 1 = one device after another, the reference; "
-            "K > 1: the same minibatches, loss and SGD in batched kernels, results equal to "
-            "float32 rounding (bit for bit for logreg as measured), faster for small models "
-            "(logreg at 1,000 devices: about 4x less training time), slower for "
-            "convolutional ones. Needs workers 1 (or auto), privacy.unit device, "
-            "energy.source model and a model without buffers or dropout"
-        ),
-    )
-
-    @field_validator("device", mode="before")
-    @classmethod
-    def _device_value(cls, v: Any) -> Any:
-        # Before strict str checking: one message that says what is allowed.
-        if not isinstance(v, str) or not DEVICE_PATTERN.fullmatch(v):
-            raise ValueError(f"allowed: {DEVICE_ALLOWED}")
-        return v
 
 
 #: A run name: letters, digits, ``-``, ``_``, ``.``; not starting with ``.``; 1-100 chars.

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from testbed.core.config.errors import ConfigError
-from testbed.core.config.experiment import DEVICE_ALLOWED, DEVICE_PATTERN
+from testbed.core.config.sections import DEVICE_ALLOWED, DEVICE_PATTERN
 
 __all__ = ["ResolvedDevice", "check_workers", "cuda_report", "resolve_device"]
 

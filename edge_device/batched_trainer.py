@@ -40,7 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from edge_device.trainer import LocalResult, model_device
+from edge_device.trainer import LocalResult, draw_minibatches, local_result, model_device
+
+#: Layers that draw random numbers in training.
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+            nn.FeatureAlphaDropout)
 
 
 class BatchingUnsupported(ValueError):
@@ -61,11 +65,16 @@ def check_batchable(model: nn.Module) -> None:
             f"the model has buffers ({', '.join(buffers[:3])}): their state would be shared "
             "by the devices trained together")
     random = [type(m).__name__ for m in model.modules()
-              if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+              if isinstance(m, _DROPOUT) and m.p > 0]
     if random:
         raise BatchingUnsupported(
             f"the model draws random numbers in training ({random[0]}): the devices trained "
             "together would not have their own draws")
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise BatchingUnsupported(
+            f"the model has frozen parameters ({', '.join(frozen[:3])}): trained together, "
+            "they would be trained")
 
 
 class BatchedTrainer:
@@ -153,12 +162,10 @@ class BatchedTrainer:
             if len(rows) < 1:
                 raise ValueError(f"device {k} of the batch has no samples")
             groups.setdefault(min(batch_size, len(rows)), []).append(k)
-        for size, members in groups.items():
+        for members in groups.values():
             # every step's draws of each device first, in its own order (as LocalTrainer)
-            draws = np.stack([
-                np.stack([rngs[k].choice(len(parts[k]), size=size, replace=False)
-                          for _ in range(steps)])
-                for k in members])  # (K, H, size), positions in each device's rows
+            draws = np.stack([draw_minibatches(rngs[k], len(parts[k]), batch_size, steps)
+                              for k in members])  # (K, H, size), positions in each device's rows
             rows = np.stack([np.asarray(parts[k], dtype=np.int64)[draws[j]]
                              for j, k in enumerate(members)])  # (K, H, size), set rows
             for k, res in zip(members, self._train_group(w, rows, lr), strict=True):
@@ -190,11 +197,4 @@ class BatchedTrainer:
             losses[:, s] = loss.detach()
         w_local = flat.cpu().numpy()  # (K, d) float32: the parameters were views of it
         loss_rows = losses.cpu().numpy().astype(np.float64)
-        out = []
-        for k in range(n_dev):
-            g = np.array(w, dtype=np.float64)
-            g -= w_local[k]
-            g /= lr
-            out.append(LocalResult(weights=w_local[k].copy(), differential=g,
-                                   mean_loss=float(np.mean(loss_rows[k]))))
-        return out
+        return [local_result(w, w_local[k].copy(), lr, loss_rows[k]) for k in range(n_dev)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,28 @@ class DeviceData:
         return self.batch(torch.arange(start, min(stop, len(self)), dtype=torch.int64))
 
 
+def draw_minibatches(
+    rng: np.random.Generator, n: int, batch_size: int, steps: int
+) -> np.ndarray:
+    """Every step's minibatch of a device's local round, drawn before the steps: ``steps``
+    draws of ``min(batch_size, n)`` distinct positions in ``[0, n)``, in order, from ``rng``
+    (the device's MINIBATCH stream). ``int64``, shape ``(steps, min(batch_size, n))``."""
+    size = min(batch_size, n)
+    return np.stack([rng.choice(n, size=size, replace=False) for _ in range(steps)])
+
+
+def local_result(
+    w_global: np.ndarray, w_local: np.ndarray, lr: float, losses: Sequence[float]
+) -> LocalResult:
+    """A local round's outcome: ``w_local`` (``float32 (d,)``), the differential
+    ``(w_global - w_local) / lr`` in ``float64`` (``w_local`` widened exactly) and the mean of
+    the steps' losses."""
+    g = np.array(w_global, dtype=np.float64)  # a copy: w_global is the caller's
+    g -= w_local  # float32 -> float64 exactly, as w_local.astype(np.float64)
+    g /= lr
+    return LocalResult(weights=w_local, differential=g, mean_loss=float(np.mean(losses)))
+
+
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (the CPU for a model without any)."""
     first = next(iter(model.parameters()), None)
@@ -132,13 +155,9 @@ class LocalTrainer:
         model, params, data, device = self.model, self.params, self.data, self.device
         set_flat(model, w_global, params)
         model.train()
-        n = len(data)
-        size = min(batch_size, n)
         # Every step's minibatch drawn first (the same draws, in the same order): numpy's
         # work interleaved with torch's slows both (a step costs ~40 us more).
-        batches = torch.from_numpy(
-            np.stack([rng.choice(n, size=size, replace=False) for _ in range(steps)])
-        )
+        batches = torch.from_numpy(draw_minibatches(rng, len(data), batch_size, steps))
         losses: list[float] = []
         for idx in batches:
             for p in params:  # model.zero_grad(set_to_none=True)
@@ -152,8 +171,4 @@ class LocalTrainer:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-lr)
             losses.append(loss.item())
-        w_local = get_flat(model, params)
-        g = np.array(w_global, dtype=np.float64)  # a copy: w_global is the caller's
-        g -= w_local  # float32 -> float64 exactly, as w_local.astype(np.float64)
-        g /= lr
-        return LocalResult(weights=w_local, differential=g, mean_loss=float(np.mean(losses)))
+        return local_result(w_global, get_flat(model, params), lr, losses)

@@ -151,7 +151,7 @@ def _resampled_frame(
     """The frame as the receiver samples it, in segments of at most ``_CHUNK`` samples.
 
     Positions ``start + ratio * k`` for ``k < inside`` (band-limited interpolation,
-    :func:`radio.pulse.sample_line_chunks`), then the last transmitted sample held up to
+    :func:`radio.line_sampler.sample_line_chunks`), then the last transmitted sample held up to
     ``n_frame`` samples.
 
     Yields

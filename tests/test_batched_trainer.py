@@ -87,6 +87,10 @@ def test_models_whose_devices_cannot_be_batched_are_refused() -> None:
     with pytest.raises(BatchingUnsupported, match="Dropout"):
         check_batchable(nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(784, 10)))
     check_batchable(nn.Sequential(nn.Flatten(), nn.Dropout(0.0), nn.Linear(784, 10)))
+    frozen = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    frozen[1].bias.requires_grad_(False)
+    with pytest.raises(BatchingUnsupported, match="frozen parameters \\(1.bias\\)"):
+        check_batchable(frozen)
     x, y = _data(20, seed=2)
     trainer = BatchedTrainer(build_model("logreg", (1, 28, 28), seed=0), x, y)
     w0 = np.zeros(trainer.d, dtype=np.float32)

@@ -43,8 +43,16 @@ def _refuse_seed(seed: object, where: str) -> None:
         )
 
 
-#: ``2^-53``: a 53-bit integer ``k`` becomes the uniform ``(k + 1) 2^-53`` in ``(0, 1]``.
-_ULP53 = 1.0 / 9007199254740992.0
+#: ``2^53``: a 53-bit integer ``k`` becomes the uniform ``(k + 1) 2^-53`` in ``(0, 1]``.
+_TWO53 = 9007199254740992.0
+_ULP53 = 1.0 / _TWO53
+
+
+def _check_count(n: object, where: str) -> int:
+    """``n`` as an ``int`` when it is a non-negative integer (not a bool), else ``ValueError``."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"{where}: n={n!r} must be an integer >= 0")
+    return int(n)
 
 
 def _random_bytes(n: int) -> bytes:
@@ -87,10 +95,9 @@ def _uniforms_into(raw: np.ndarray, out: np.ndarray) -> None:
 def secure_uniform(n: int, *, seed: object = None) -> np.ndarray:
     """``n`` uniforms in ``(0, 1]`` from ``os.urandom`` (53 bits each), ``float64``."""
     _refuse_seed(seed, "secure_uniform")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise ValueError(f"secure_uniform: n={n!r} must be an integer >= 0")
-    out = np.empty(int(n), dtype=np.float64)
-    _uniforms_into(np.empty(int(n), dtype=np.uint64), out)
+    n = _check_count(n, "secure_uniform")
+    out = np.empty(n, dtype=np.float64)
+    _uniforms_into(np.empty(n, dtype=np.uint64), out)
     return out
 
 
@@ -120,17 +127,16 @@ def secure_bernoulli(n: int, rate: float, *, seed: object = None) -> np.ndarray:
         ``bool``, ``(n,)``.
     """
     _refuse_seed(seed, "secure_bernoulli")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise ValueError(f"secure_bernoulli: n={n!r} must be an integer >= 0")
+    n = _check_count(n, "secure_bernoulli")
     if isinstance(rate, bool) or not isinstance(rate, int | float | np.floating) or not (
         0.0 <= rate <= 1.0
     ):
         raise ValueError(f"secure_bernoulli: rate={rate!r} must be a number in [0, 1]")
-    threshold = math.floor(float(rate) * 9007199254740992.0)  # T, exact: a power-of-2 scaling
+    threshold = math.floor(float(rate) * _TWO53)  # T, exact: a power-of-2 scaling
     t_hi, t_lo = threshold >> 45, threshold & ((1 << 45) - 1)
     if t_hi > 255:  # rate 1: T = 2^53, every k is below it (no random bit is needed)
-        return np.ones(int(n), dtype=bool)
-    high = np.frombuffer(_random_bytes(int(n)), dtype=np.uint8)
+        return np.ones(n, dtype=bool)
+    high = np.frombuffer(_random_bytes(n), dtype=np.uint8)
     keep = high < t_hi
     ties = np.flatnonzero(high == t_hi)
     if ties.size:
@@ -299,8 +305,7 @@ def discrete_gaussian(
         ``int64``, shape ``(n,)``.
     """
     _refuse_seed(seed, "discrete_gaussian")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise ValueError(f"discrete_gaussian: n={n!r} must be an integer >= 0")
+    n = _check_count(n, "discrete_gaussian")
     if isinstance(sigma2, bool):
         raise ValueError(f"discrete_gaussian: sigma2={sigma2!r} must be a number > 0")
     if isinstance(sigma2, float | np.floating) and not math.isfinite(sigma2):
@@ -311,7 +316,7 @@ def discrete_gaussian(
     a, b = frac.numerator, frac.denominator
     t = math.isqrt(a // b) + 1
     return np.fromiter(
-        (_discrete_gaussian_one(a, b, t) for _ in range(int(n))), dtype=np.int64, count=int(n)
+        (_discrete_gaussian_one(a, b, t) for _ in range(n)), dtype=np.int64, count=n
     )
 
 

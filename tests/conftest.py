@@ -98,3 +98,16 @@ def tiny_overrides(tiny_idx_dir: Path) -> list[str]:
         "batch_size=16",
         "lr=0.05",
     ]
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one intra-op thread for the test, as runs train (``torch_threads: 1``): small
+    batches are about 10x faster than on two contended threads, and a bit-for-bit comparison
+    of two ways of computing sees the same products' summation order."""
+    import torch  # not at import: the Python 3.10 tests run without torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

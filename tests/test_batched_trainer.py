@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from torch import nn
 
 from aggregator.run_rounds import run_rounds
@@ -48,17 +47,10 @@ def _both(name: str, steps: int = 4, batch: int = 8) -> tuple[list[Any], list[An
     return together, alone
 
 
-@pytest.fixture
-def one_thread() -> Any:
-    """One intra-op thread, as runs train (``torch_threads: 1``): with more, the sequential
-    products split their sums across threads differently from the batched ones."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_logreg_devices_trained_together_equal_each_alone_bit_for_bit(one_thread: Any) -> None:
+# One thread, as runs train: with more, the sequential products split their sums across
+# threads differently from the batched ones.
+@pytest.mark.usefixtures("one_torch_thread")
+def test_logreg_devices_trained_together_equal_each_alone_bit_for_bit() -> None:
     together, alone = _both("logreg")
     assert len(together) == len(alone) == 11
     for a, b in zip(together, alone, strict=True):

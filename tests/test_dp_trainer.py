@@ -6,7 +6,6 @@ Statistical checks use thresholds of about 6 standard errors (false alarm below 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,13 +22,8 @@ from tests.test_per_example_layers import _Twice
 BACKENDS = ["layers", "vmap"]
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Small batches on a shared machine: one thread is ~10x faster than contended two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Small batches on a shared machine: one thread is ~10x faster than contended two.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _data(n: int, seed: int = 0, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

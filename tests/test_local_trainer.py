@@ -48,12 +48,7 @@ def _data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield None
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("model_name", ["logreg", "mnist-cnn"])

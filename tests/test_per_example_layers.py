@@ -8,7 +8,7 @@ clips the others. Fallbacks to ``vmap`` are checked to give the same sums.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,13 +22,8 @@ from edge_device.layer_grads import Unsupported
 from edge_device.per_example import ClippedGradientSum, clip_factors
 from testbed.core.models import build_model, get_flat
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Small batches on a shared machine: one thread is ~10x faster than contended two.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class _Zoo(nn.Module):

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from edge_device.conv_grads import conv_weight_rows, to_weight_layout
+from edge_device.conv_grads import Scratch, conv_weight_rows, to_weight_layout
 
 Norm = Literal[1, 2]
 Kind = Literal["linear", "conv", "vmap"]
@@ -117,6 +117,8 @@ class _Layer:
     per_example: Callable[..., dict[str, torch.Tensor]] | None = None
     #: This batch's kept ``(input, output, their versions)``; ``None`` until the layer runs.
     kept: tuple[torch.Tensor, torch.Tensor, int, int] | None = field(default=None)
+    #: ``conv`` kind: work arrays reused from batch to batch (patches, per-example rows).
+    scratch: Scratch = field(default_factory=dict)
 
 
 def _kind(module: nn.Module) -> Kind | None:
@@ -289,7 +291,7 @@ class LayerwiseSum:
                 out.append(("bias", go.reshape(b, -1, go.shape[-1]).sum(1), False))
             return out
         if layer.kind == "conv":
-            rows, last = conv_weight_rows(a, go, layer.module)
+            rows, last = conv_weight_rows(a, go, layer.module, scratch=layer.scratch)
             out = [("weight", rows, last)]
             return out + ([("bias", go.reshape(b, go.shape[1], -1).sum(2), False)] if bias else [])
         params = {name: p.detach() for name, p in layer.params.items()}

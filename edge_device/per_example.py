@@ -63,10 +63,16 @@ cifar-cnn     64     1.43x           1.38x             2.13x          1.86x
 (cifar-cnn: 10 steps. ``benchmarks/bench_record_round.py --full`` and a script with the
 previous code, same host, two runs; "before" is this module before the layer-wise default:
 its ``layers`` with grouped convolutions over the batch and float64 copies for the norms,
-and ``vmap``, then the runs' default.) Of what remains above 1x, about 1.2 ms per step is
-the per-step noise (``d = 21,840`` Gaussians from ``os.urandom``, 0.27x of a step at
-B = 32, the difference of the first two columns) and 0.13 ms the secret Poisson sample
-(6,000 CSPRNG uniforms); both are privacy-relevant and unchanged. ``vmap`` and Opacus
+and ``vmap``, then the runs' default.) These are the best of a few rounds each, which
+flatters the private side (the fastest Poisson round drew the fewest examples); the medians
+of 9 rounds on a 2-core machine are 1.60x, 1.39x, 1.28x and 1.23x at B = 32 to 256 (README,
+"Results"). Of what remains above 1x, about 1 ms per step is
+the per-step noise (``d = 21,840`` Gaussians from ``os.urandom``; at the time of the table
+1.2 ms, 0.27x of a step at B = 32, the difference of the first two columns) and 0.03 ms the
+secret Poisson sample (about one CSPRNG byte per example,
+:func:`testbed.core.noise.secure_bernoulli`); both are privacy-relevant. The per-example
+weight gradients of the two convolutions with their norms cost about twice the batched
+weight gradients of a non-private step. ``vmap`` and Opacus
 also pay a fixed per-call overhead that dominates small models.
 
 ``norm=1`` clips in the l1 norm instead (004's Laplace mechanism), with the same factor from

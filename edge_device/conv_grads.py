@@ -35,8 +35,12 @@ from torch import nn
 
 Method = Literal["patches", "patches_last", "grouped"]
 #: Reused work arrays by role (``"cols"``, ``"rows"``), grown as needed: a dict a caller
-#: keeps per layer and passes to :func:`conv_weight_rows`.
+#: keeps (one per layer and thread) and passes to :func:`conv_weight_rows`.
 Scratch = dict[str, torch.Tensor]
+#: Largest work array kept for reuse, bytes. A larger one is made fresh at each call and
+#: freed after it: at large batches its page faults are small against the work, and a
+#: process holding many trainers (one per simulated device) must not keep one each.
+SCRATCH_LIMIT = 16 << 20
 METHODS: tuple[str, ...] = ("patches", "patches_last", "grouped")
 
 _CONV_WEIGHT = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight,
@@ -93,14 +97,15 @@ def _scratch(
     scratch: Scratch | None, role: str, shape: tuple[int, ...], like: torch.Tensor
 ) -> torch.Tensor:
     """A contiguous ``shape`` array of ``like``'s dtype and device: fresh when ``scratch`` is
-    ``None``, else the first entries of ``scratch[role]`` (grown when too small).
+    ``None`` or the array would exceed :data:`SCRATCH_LIMIT`, else the first entries of
+    ``scratch[role]`` (grown when too small).
 
     A record-level step's patches and per-example rows are megabytes whose size changes
     with the Poisson batch; fresh arrays of that size come from the allocator as new pages,
     and their page faults cost as much as the copy into them (measured: up to 580 faults per
     step of the MNIST CNN at B = 64)."""
     n = math.prod(shape)
-    if scratch is None:
+    if scratch is None or n * like.element_size() > SCRATCH_LIMIT:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     buf = scratch.get(role)
     if buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device:
@@ -128,9 +133,9 @@ def conv_weight_rows(
     method
         ``None``: :func:`choose_method`.
     scratch
-        ``None``: fresh arrays. Else work arrays reused from call to call (:data:`Scratch`):
-        the returned rows are then a view of ``scratch["rows"]``, valid until the next call
-        with the same dict.
+        ``None``: fresh arrays. Else work arrays reused from call to call (:data:`Scratch`,
+        up to :data:`SCRATCH_LIMIT` each): the returned rows may then be a view of
+        ``scratch["rows"]``, valid until the next call with the same dict.
 
     Returns
     -------

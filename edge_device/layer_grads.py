@@ -44,6 +44,7 @@ not handled here: ``backend="auto"`` then uses ``vmap`` over the whole model.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -117,8 +118,8 @@ class _Layer:
     per_example: Callable[..., dict[str, torch.Tensor]] | None = None
     #: This batch's kept ``(input, output, their versions)``; ``None`` until the layer runs.
     kept: tuple[torch.Tensor, torch.Tensor, int, int] | None = field(default=None)
-    #: ``conv`` kind: work arrays reused from batch to batch (patches, per-example rows).
-    scratch: Scratch = field(default_factory=dict)
+    #: Its place among the model's parameterised layers (keys its work arrays).
+    index: int = 0
 
 
 def _kind(module: nn.Module) -> Kind | None:
@@ -145,6 +146,27 @@ def _vmap_per_example(module: nn.Module) -> Callable[..., dict[str, torch.Tensor
     return vmap(grad(vjp_one), in_dims=(None, 0, 0))  # type: ignore[no-any-return]
 
 
+class _WorkArrays(threading.local):
+    """The convolutions' work arrays (:data:`edge_device.conv_grads.Scratch`), one set per
+    thread shared by every :class:`LayerwiseSum` in it: a process simulating many devices
+    holds one record-level trainer per device, and each keeping its own would hold their
+    sum. Keyed by the layer's place in its model and its weight's shape, so the layers of
+    one call (whose rows are all needed until its end) never share; calls follow one another
+    in a thread, so sharing across trainers is safe."""
+
+    def __init__(self) -> None:
+        self.by_layer: dict[tuple[int, tuple[int, ...]], Scratch] = {}
+
+
+_WORK = _WorkArrays()
+
+
+def _work_arrays(layer: _Layer) -> Scratch:
+    """This thread's work arrays for ``layer`` (its ``index`` and weight shape)."""
+    key = (layer.index, tuple(layer.module.weight.shape))  # type: ignore[union-attr]
+    return _WORK.by_layer.setdefault(key, {})
+
+
 def plan_layers(model: nn.Module, params: list[nn.Parameter]) -> list[_Layer] | None:
     """The model's parameterised layers with their kinds and flat slots, or ``None`` when one
     of them (or a parameter owned by two) is not covered (module docstring)."""
@@ -165,7 +187,8 @@ def plan_layers(model: nn.Module, params: list[nn.Parameter]) -> list[_Layer] | 
         owned.update(id(p) for _, p in own)
         slots = {n: (offsets[id(p)], offsets[id(p)] + p.numel()) for n, p in own}
         layers.append(_Layer(module, kind, dict(own), slots,
-                             _vmap_per_example(module) if kind == "vmap" else None))
+                             _vmap_per_example(module) if kind == "vmap" else None,
+                             index=len(layers)))
     return layers
 
 
@@ -291,7 +314,7 @@ class LayerwiseSum:
                 out.append(("bias", go.reshape(b, -1, go.shape[-1]).sum(1), False))
             return out
         if layer.kind == "conv":
-            rows, last = conv_weight_rows(a, go, layer.module, scratch=layer.scratch)
+            rows, last = conv_weight_rows(a, go, layer.module, scratch=_work_arrays(layer))
             out = [("weight", rows, last)]
             return out + ([("bias", go.reshape(b, go.shape[1], -1).sum(2), False)] if bias else [])
         params = {name: p.detach() for name, p in layer.params.items()}

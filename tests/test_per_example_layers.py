@@ -198,6 +198,44 @@ def test_conv_rows_with_reused_work_arrays_are_the_fresh_ones(method: str) -> No
         assert scratch["rows"].numel() == 9 * conv.weight.numel()  # grown once, to b = 9
 
 
+def test_trainers_in_one_thread_share_the_work_arrays_and_large_ones_are_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process simulating many devices holds one record-level trainer per device: the
+    convolutions' work arrays are one set per thread (per layer place and shape), not one per
+    trainer, and an array above the limit is made for its call only."""
+    import threading
+
+    from edge_device import conv_grads, layer_grads
+
+    monkeypatch.setattr(layer_grads, "_WORK", layer_grads._WorkArrays())
+    x = torch.randn(12, 1, 28, 28)
+    y = torch.randint(0, 10, (12,))
+    sums = [ClippedGradientSum(build_model("mnist-cnn", (1, 28, 28), seed=s)) for s in range(5)]
+    for cgs in sums:
+        cgs(x, y, 1.0)
+    kept = layer_grads._WORK.by_layer
+    assert len(kept) == 2  # the two convolutions, whatever the number of trainers
+    held = sum(t.numel() for arrays in kept.values() for t in arrays.values())
+    sums[0](x[:5], y[:5], 1.0)  # a smaller batch takes views: nothing new is held
+    assert sum(t.numel() for a in kept.values() for t in a.values()) == held
+
+    other: list[int] = []  # another thread has its own
+    worker = threading.Thread(target=lambda: (sums[1](x, y, 1.0),
+                                              other.append(len(layer_grads._WORK.by_layer))))
+    worker.start()
+    worker.join()
+    assert other == [2] and len(kept) == 2
+
+    monkeypatch.setattr(layer_grads, "_WORK", layer_grads._WorkArrays())
+    monkeypatch.setattr(conv_grads, "SCRATCH_LIMIT", 1024)  # bytes: every array is larger
+    want, _, _ = sums[2](x, y, 1.0)
+    assert all(not arrays for arrays in layer_grads._WORK.by_layer.values())
+    monkeypatch.setattr(conv_grads, "SCRATCH_LIMIT", 16 << 20)
+    got, _, _ = sums[2](x, y, 1.0)
+    assert torch.equal(got, want)  # kept or fresh: the same sum
+
+
 class _Twice(nn.Module):
     """One layer applied twice in a forward pass."""
 

@@ -169,18 +169,6 @@ class RecordTrainer:
         self.model = model.to(self.device)
         self.clipped_sum = ClippedGradientSum(model, backend=backend, device=self.device)
         self.d = self.clipped_sum.d
-        params = self.clipped_sum.params
-        # one flat step buffer whose views are the parameters' shapes: an SGD step is two
-        # tensor operations, whatever the number of layers
-        self._step = torch.empty(self.d, dtype=params[0].dtype, device=self.device)
-        self._step_views = [
-            v.view_as(p)
-            for v, p in zip(torch.split(self._step, [p.numel() for p in params]), params,
-                            strict=True)
-        ]
-        # the per-step noise, drawn into the same array each step (no fresh array's page
-        # faults): float64 from the OS CSPRNG, rounded once to float32 on the CPU
-        self._noise32 = torch.empty(self.d, dtype=torch.float32)
 
     @property
     def n_examples(self) -> int:
@@ -253,6 +241,10 @@ class RecordTrainer:
         self.model.train()
         dev = self.device
         differential = torch.zeros(self.d, dtype=torch.float64, device=dev)
+        step, views = self._step_buffer()
+        # the per-step noise, drawn into the same array each step (no fresh array's page
+        # faults): float64 from the OS CSPRNG, rounded once to float32 on the CPU
+        noise32 = torch.empty(self.d, dtype=torch.float32) if sigma_sum > 0 else None
         sizes = np.zeros(steps, dtype=np.int64)
         loss_total = torch.zeros((), dtype=torch.float64, device=dev)  # no sync per step
         for t in range(steps):
@@ -264,11 +256,11 @@ class RecordTrainer:
                 loss_total += losses.double().sum()
             else:
                 total = torch.zeros(self.d, dtype=torch.float32, device=dev)
-            if sigma_sum > 0:  # drawn on the CPU (OS CSPRNG), rounded there, then moved
-                gaussian(self.d, sigma_sum, out=self._noise32.numpy())
-                total.add_(self._noise32.to(dev))  # total: this step's own fresh sum
-            torch.mul(total, inv_b, out=self._step)  # (d,) float32: the noisy gradient
-            self._sgd_step(lr)
+            if noise32 is not None:  # drawn on the CPU (OS CSPRNG), rounded there, moved
+                gaussian(self.d, sigma_sum, out=noise32.numpy())
+                total.add_(noise32.to(dev))  # total: this step's own fresh sum
+            torch.mul(total, inv_b, out=step)  # (d,) float32: the noisy gradient
+            self._sgd_step(views, lr)
             differential.add_(total, alpha=inv_b)  # in float64: total widened, then scaled
         seen = int(sizes.sum())
         return RecordResult(
@@ -350,8 +342,9 @@ class RecordTrainer:
         if laplace_scale > 0:
             # drawn on the CPU (OS CSPRNG) in float64, then moved
             differential += torch.from_numpy(laplace_noise(self.d, float(laplace_scale))).to(dev)
-        self._step.copy_(differential)  # rounded to float32
-        self._sgd_step(lr)
+        step, views = self._step_buffer()
+        step.copy_(differential)  # rounded to float32
+        self._sgd_step(views, lr)
         return RecordResult(
             weights=get_flat(self.model),
             differential=differential.cpu().numpy(),
@@ -362,11 +355,22 @@ class RecordTrainer:
             secure_sampling=False,
         )
 
-    def _sgd_step(self, lr: float) -> None:
-        """``w -= lr * step`` for the flat ``(d,)`` step held in ``self._step`` (in
-        ``model.parameters()`` order): one multi-tensor update over its precomputed views."""
+    def _step_buffer(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A flat ``(d,)`` step buffer and its views in the parameters' shapes (in
+        ``model.parameters()`` order), made once per round: an SGD step is then two tensor
+        operations, whatever the number of layers. Not kept between rounds: a run holds one
+        trainer per simulated device."""
+        params = self.clipped_sum.params
+        step = torch.empty(self.d, dtype=params[0].dtype, device=self.device)
+        views = [v.view_as(p) for v, p in zip(
+            torch.split(step, [p.numel() for p in params]), params, strict=True)]
+        return step, views
+
+    def _sgd_step(self, views: list[torch.Tensor], lr: float) -> None:
+        """``w -= lr * step`` for the flat step whose parameter-shaped ``views`` are given
+        (:meth:`_step_buffer`): one multi-tensor update."""
         with torch.no_grad():
-            torch._foreach_add_(self.clipped_sum.params, self._step_views, alpha=-lr)
+            torch._foreach_add_(self.clipped_sum.params, views, alpha=-lr)
 
     def _check(
         self, steps: int, batch: int, lr: float, clip: float, noise_multiplier: float

@@ -133,6 +133,52 @@ def test_layers_equal_vmap_and_a_loop(name: str, b: int, norm: int) -> None:
     assert all(not m._forward_hooks for m in model.modules())
 
 
+@pytest.mark.parametrize("chunk", [1, 5])
+@pytest.mark.parametrize("norm", [2, 1])
+@pytest.mark.parametrize("name", ["mnist-cnn", "zoo", "tokens", "conv3d"])
+def test_examples_taken_in_chunks_give_the_same_norms_and_sum(
+    name: str, norm: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-example work a chunk of examples at a time (33 = 6 chunks of 5 and one of 3):
+    the same losses (one forward pass), the same norms and clipped sum to float32 rounding
+    (a library kernel may round an example's rows differently in a smaller batch, and the
+    chunks' sums are added in another order)."""
+    from edge_device import layer_grads
+
+    model = MODELS[name]()
+    x, y = _batch(name, 33, seed=4)
+    layers = ClippedGradientSum(model)
+    _, raw, _ = layers(x, y, 1e30, norm=norm)  # type: ignore[arg-type]
+    clip = float(raw.median())
+    whole, whole_norms, whole_losses = layers(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    monkeypatch.setattr(layer_grads, "_chunk_size", lambda materialised, b: chunk)
+    total, norms, losses = layers(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    assert torch.equal(losses, whole_losses)
+    torch.testing.assert_close(norms, whole_norms, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-6 * clip)
+    loop_total, _ = _loop(model, x, y, clip, norm)
+    assert float((total.double() - loop_total).norm()) <= 1e-3 * float(loop_total.norm())
+
+
+def test_chunk_size_fits_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MNIST CNN forms 35,680 entries per example (conv1: 260 parameters and 1 x 25 x 576
+    patch entries; conv2: 5,020 and 10 x 25 x 64): 117 examples in 16 MiB of float32."""
+    from edge_device import layer_grads
+
+    model = build_model("mnist-cnn", (1, 28, 28), seed=0)
+    layers = layer_grads.plan_layers(model, list(model.parameters()))
+    assert layers is not None
+    c1, c2 = (layer for layer in layers if layer.kind == "conv")
+    work = [(c1, torch.empty(0, 1, 28, 28), torch.empty(0, 10, 24, 24)),
+            (c2, torch.empty(0, 10, 12, 12), torch.empty(0, 20, 8, 8))]
+    assert (16 << 20) // (4 * 35_680) == 117
+    assert layer_grads._chunk_size(work, 1024) == 117
+    assert layer_grads._chunk_size(work, 64) == 64
+    assert layer_grads._chunk_size([], 64) == 64  # nothing materialised: one chunk
+    monkeypatch.setattr(layer_grads, "WORK_BUDGET", 1000)
+    assert layer_grads._chunk_size(work, 64) == 1
+
+
 @pytest.mark.parametrize("norm", [2, 1])
 @pytest.mark.parametrize("name", ["zoo", "tokens", "cifar-cnn"])
 def test_one_clipped_example_stays_within_the_clip(name: str, norm: int) -> None:

@@ -28,7 +28,10 @@ backend, none for ``--before``; ratios are given in wall time (``record_B``,
 per-step noise (about 1 ms per step for d = 21,840 from ``os.urandom``), which
 ``record_upload`` leaves out, and the per-example weight gradients of the convolutions
 (about twice the batched weight gradients they replace).
-Default B = 64 with H = 10 steps; ``--full`` B = 32, 64, 128, 256 with H = 20. Usage::
+Default B = 64 with H = 10 steps; ``--full`` B = 32, 64, 128, 256 with H = 20; both also
+the private job's round (``testbed/config/private-fedsgd.yaml``: FedSGD, one step of
+B = 1024; with H = 1 the per-step noise is one draw a round, as the upload's), unless
+``--batch`` is given. Usage::
 
     .venv/bin/python benchmarks/bench_record_round.py [--batch 32 64 128] [--steps 20]
         [--repeats 9] [--threads 1] [--backend auto] [--before vmap] [--full] [--json]
@@ -56,6 +59,9 @@ from testbed.core.models import build_model, get_flat
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 #: Bound on record / non-private round time (wall and process CPU) for the default backend.
 AIM = 1.3
+#: The private job's batch (testbed/config/private-fedsgd.yaml: FedSGD, one step of B = 1024
+#: per round); measured with H = 1 beside the sizes unless --batch is given.
+JOB_BATCH = 1024
 
 
 def device_data(n: int, data_dir: str) -> tuple[np.ndarray, np.ndarray, str]:
@@ -113,9 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="the large sizes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
-    args.batch = args.batch or ([32, 64, 128, 256] if args.full else [64])
-    args.steps = args.steps or (20 if args.full else 10)
-    if args.steps < 1 or args.repeats < 1 or args.threads < 1 or args.examples < max(args.batch):
+    if args.batch is None:  # the sizes, and the private job's FedSGD round (B = 1024, H = 1)
+        steps = args.steps or (20 if args.full else 10)
+        sizes = [(b, steps) for b in ([32, 64, 128, 256] if args.full else [64])]
+        sizes.append((JOB_BATCH, 1))
+    else:
+        sizes = [(b, args.steps or (20 if args.full else 10)) for b in args.batch]
+    if min(h for _, h in sizes) < 1 or args.repeats < 1 or args.threads < 1 or (
+            args.examples < max(b for b, _ in sizes)):
         p.error("need --steps, --repeats, --threads >= 1 and --examples >= every --batch")
     torch.set_num_threads(args.threads)
     x, y, source = device_data(args.examples, args.data_dir)
@@ -125,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     record = RecordTrainer(model, x, y, backend=args.backend)
     before = None if args.before == "none" else RecordTrainer(model, x, y, backend=args.before)
     rows = []
-    for b in args.batch:
-        dp = {"steps": args.steps, "lr": args.lr, "expected_batch_size": b,
+    for b, steps in sizes:
+        dp = {"steps": steps, "lr": args.lr, "expected_batch_size": b,
               "example_clip": args.clip}
         fns: dict[str, Callable[[], object]] = {
-            "nonprivate": partial(plain.train, w0, steps=args.steps, batch_size=b, lr=args.lr,
+            "nonprivate": partial(plain.train, w0, steps=steps, batch_size=b, lr=args.lr,
                                   rng=np.random.default_rng(1)),
             "record": partial(record.train, w0, noise_multiplier=args.noise_multiplier, **dp),
             "record_upload": partial(record.train, w0, noise_multiplier=0.0, **dp),
@@ -146,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             "nonprivate_round_s": t["nonprivate"],
             "record_round_s": t["record"],
             "record_upload_round_s": t["record_upload"],
-            "nonprivate_step_ms": 1e3 * t["nonprivate"] / args.steps,
-            "record_step_ms": 1e3 * t["record"] / args.steps,
+            "steps": steps,
+            "nonprivate_step_ms": 1e3 * t["nonprivate"] / steps,
+            "record_step_ms": 1e3 * t["record"] / steps,
             "ratio": t["record"] / t["nonprivate"],
             "ratio_upload": t["record_upload"] / t["nonprivate"],
             "ratio_cpu": c["record"] / c["nonprivate"],
@@ -169,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
         "before_backend": None if before is None else before.clipped_sum.backend,
         "data": source,
         "examples": args.examples,
-        "steps": args.steps,
         "noise_multiplier": args.noise_multiplier,
         "clip": args.clip,
         "threads": args.threads,
@@ -181,20 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     figures: list[Figure] = []
     for r in rows:
         b, t, nonpriv = r["batch"], r["record_round_s"], r["nonprivate_round_s"]
-        note = f"B = {b}, H = {args.steps}, {args.model}, {record.clipped_sum.backend}"
+        note = f"B = {b}, H = {r['steps']}, {args.model}, {record.clipped_sum.backend}"
+        if (b, r["steps"]) == (JOB_BATCH, 1) and args.batch is None:
+            note += " (the private job's FedSGD round)"
+        noise = "per-step noise" if r["steps"] > 1 else "noise drawn once (H = 1)"
         figures += [
             figure(f"record_{b}", t, nonpriv, "s", better="lower", aim=AIM,
                    baseline_name="non-private LocalTrainer round (wall)",
-                   note=f"{note}, per-step noise"),
+                   note=f"{note}, {noise}"),
             figure(f"record_cpu_{b}", r["record_round_cpu_s"], r["nonprivate_round_cpu_s"], "s",
                    better="lower", aim=AIM, baseline_name="non-private round (process CPU)",
-                   note=f"{note}, per-step noise"),
+                   note=f"{note}, {noise}"),
             figure(f"record_upload_{b}", r["record_upload_round_s"], nonpriv, "s",
                    better="lower", aim=AIM, baseline_name="non-private round (wall)",
                    note=f"{note}, noise at the upload"),
         ]
         if before is not None:
-            old = f"B = {b}, H = {args.steps}, {args.model}, {before.clipped_sum.backend}"
+            old = f"B = {b}, H = {r['steps']}, {args.model}, {before.clipped_sum.backend}"
             figures += [
                 figure(f"record_{args.before}_{b}", r["before_round_s"], nonpriv, "s",
                        better="lower", baseline_name="non-private round (wall)",

@@ -207,7 +207,11 @@ WORK_BUDGET = 16 << 20
 def _chunk_size(materialised: list[tuple[_Layer, torch.Tensor, torch.Tensor]], b: int) -> int:
     """Examples per chunk of the per-example work: as many as fit :data:`WORK_BUDGET` with
     each one's rows (its parameters in the materialised layers) and, for a convolution, its
-    patches (``in * prod(kernel) * positions`` entries), at least 1, at most ``b``."""
+    patches (``in * prod(kernel) * positions`` entries), at least 1, at most ``b``. On a
+    GPU the whole batch (the budget is the CPU's cache, measured there; a GPU wants large
+    kernels)."""
+    if materialised and materialised[0][1].device.type != "cpu":
+        return max(b, 1)
     per = 0
     for layer, a, go in materialised:
         per += sum(p.numel() for p in layer.params.values())

@@ -175,6 +175,8 @@ def test_chunk_size_fits_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> Non
     assert layer_grads._chunk_size(work, 1024) == 117
     assert layer_grads._chunk_size(work, 64) == 64
     assert layer_grads._chunk_size([], 64) == 64  # nothing materialised: one chunk
+    elsewhere = [(layer, a.to("meta"), go.to("meta")) for layer, a, go in work]
+    assert layer_grads._chunk_size(elsewhere, 1024) == 1024  # not the CPU: the whole batch
     monkeypatch.setattr(layer_grads, "WORK_BUDGET", 1000)
     assert layer_grads._chunk_size(work, 64) == 1
 

@@ -204,13 +204,21 @@ def plan_layers(model: nn.Module, params: list[nn.Parameter]) -> list[_Layer] | 
 WORK_BUDGET = 16 << 20
 
 
+def chunk_examples(per: int, like: torch.Tensor, b: int) -> int:
+    """Examples per chunk of per-example work when each example forms ``per`` entries of
+    ``like``'s dtype: as many as fit :data:`WORK_BUDGET`, at least 1, at most ``b``. On a
+    GPU (any device but the CPU) the whole batch: the budget is the CPU's cache, measured
+    there, and a GPU wants large kernels."""
+    if like.device.type != "cpu" or per <= 0:
+        return max(b, 1)
+    return max(1, min(b, WORK_BUDGET // (per * like.element_size())))
+
+
 def _chunk_size(materialised: list[tuple[_Layer, torch.Tensor, torch.Tensor]], b: int) -> int:
-    """Examples per chunk of the per-example work: as many as fit :data:`WORK_BUDGET` with
-    each one's rows (its parameters in the materialised layers) and, for a convolution, its
-    patches (``in * prod(kernel) * positions`` entries), at least 1, at most ``b``. On a
-    GPU the whole batch (the budget is the CPU's cache, measured there; a GPU wants large
-    kernels)."""
-    if materialised and materialised[0][1].device.type != "cpu":
+    """:func:`chunk_examples` for the materialised layers: each example's rows (its
+    parameters in these layers) and, for a convolution, its patches (``in * prod(kernel) *
+    positions`` entries)."""
+    if not materialised:
         return max(b, 1)
     per = 0
     for layer, a, go in materialised:
@@ -218,9 +226,7 @@ def _chunk_size(materialised: list[tuple[_Layer, torch.Tensor, torch.Tensor]], b
         if layer.kind == "conv":
             kernel = layer.module.kernel_size  # type: ignore[union-attr]
             per += a.shape[1] * math.prod(kernel) * math.prod(go.shape[2:])
-    if per == 0:
-        return max(b, 1)
-    return max(1, min(b, WORK_BUDGET // (per * materialised[0][1].element_size())))
+    return chunk_examples(per, materialised[0][1], b)
 
 
 class LayerwiseSum:

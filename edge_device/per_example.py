@@ -34,11 +34,13 @@ default here, in :class:`edge_device.dp_trainer.RecordTrainer` and in the config
   forward hooks, one ``torch.autograd.grad`` to the layer outputs, then a fixed handful of
   batched operations per layer, written straight into the flat result.
 * ``"vmap"``: ``torch.func.vmap(grad_and_value(...))`` over ``functional_call`` of the whole
-  model: any model ``torch.func`` can batch; per-example gradients ``(b, d)`` are
-  materialised. ``"auto"`` uses it for a model with another parameterised layer or a
-  parameter shared by two layers, and switches to it for good at the first batch that
-  shows a layer applied twice or a kept activation modified in place (the layer-wise
-  formulas would miss the tie).
+  model: any model ``torch.func`` can batch; per-example gradients ``(n, d)`` are
+  materialised for a chunk of ``n`` examples at a time on the CPU (16 MiB of rows,
+  :func:`edge_device.layer_grads.chunk_examples`; at B = 1024 the MNIST CNN's round went
+  from 2.64x to 1.55x of a non-private one). ``"auto"`` uses it for a model with another
+  parameterised layer or a parameter shared by two layers, and switches to it for good at
+  the first batch that shows a layer applied twice or a kept activation modified in place
+  (the layer-wise formulas would miss the tie).
 
 Both compute the same clipped sum (``tests/test_per_example_layers.py`` and
 ``tests/test_dp_trainer.py`` check them against a per-example loop and against each other,
@@ -94,7 +96,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from edge_device.layer_grads import LayerwiseSum, Unsupported, plan_layers, row_sizes
+from edge_device.layer_grads import (
+    LayerwiseSum,
+    Unsupported,
+    chunk_examples,
+    plan_layers,
+    row_sizes,
+)
 
 # re-exported (explicit alias): checked here and when the run's model is built
 from testbed.core.models import check_record_level_model as check_record_level_model
@@ -229,11 +237,25 @@ class ClippedGradientSum:
             )
         params = {k: v.detach() for k, v in model.named_parameters()}
         buffers = {k: v.detach() for k, v in model.named_buffers()}
-        per, losses = self._vmap_fn(params, buffers, x, y)
         b = x.shape[0]
-        flat = torch.cat([per[k].reshape(b, -1) for k in params], dim=1)  # (b, d)
-        norms64 = per_example_norms(flat, norm)
-        return clip_factors(norms64, clip) @ flat, norms64.float(), losses.detach()
+        # a chunk of examples at a time, as the layer-wise path (their (n, d) rows in the
+        # cache; at B = 1024 the MNIST CNN's clipped sum took 283 ms in one piece, 188 ms in
+        # chunks of 192)
+        chunk = chunk_examples(self.d, next(iter(params.values())), b)  # rows: the params' dtype
+        total: torch.Tensor | None = None
+        norms: list[torch.Tensor] = []
+        losses: list[torch.Tensor] = []
+        for lo in range(0, b, chunk):
+            hi = min(b, lo + chunk)
+            per, loss = self._vmap_fn(params, buffers, x[lo:hi], y[lo:hi])
+            flat = torch.cat([per[k].reshape(hi - lo, -1) for k in params], dim=1)  # (n, d)
+            norms64 = per_example_norms(flat, norm)
+            part = clip_factors(norms64, clip) @ flat
+            total = part if total is None else total.add_(part)
+            norms.append(norms64)
+            losses.append(loss.detach())
+        assert total is not None  # b >= 1: checked by __call__
+        return total, torch.cat(norms).float(), torch.cat(losses)
 
 
 def per_example_norms(flat: torch.Tensor, norm: Norm = 2) -> torch.Tensor:

@@ -160,6 +160,29 @@ def test_examples_taken_in_chunks_give_the_same_norms_and_sum(
     assert float((total.double() - loop_total).norm()) <= 1e-3 * float(loop_total.norm())
 
 
+@pytest.mark.parametrize("norm", [2, 1])
+@pytest.mark.parametrize("name", ["mnist-cnn", "tokens"])
+def test_vmap_in_chunks_gives_the_same_norms_and_sum(
+    name: str, norm: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-model vmap backend a chunk of examples at a time (33 = 6 x 5 + 3) against
+    one piece: losses, norms and clipped sum as the layer-wise chunks are compared."""
+    from edge_device import per_example
+
+    model = MODELS[name]()
+    x, y = _batch(name, 33, seed=5)
+    vm = ClippedGradientSum(model, backend="vmap")
+    _, raw, _ = vm(x, y, 1e30, norm=norm)  # type: ignore[arg-type]
+    clip = float(raw.median())
+    whole, whole_norms, whole_losses = vm(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    monkeypatch.setattr(per_example, "chunk_examples", lambda per, like, b: 5)
+    total, norms, losses = vm(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    assert norms.shape == losses.shape == (33,)
+    torch.testing.assert_close(losses, whole_losses, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(norms, whole_norms, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-6 * clip)
+
+
 def test_chunk_size_fits_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """The MNIST CNN forms 35,680 entries per example (conv1: 260 parameters and 1 x 25 x 576
     patch entries; conv2: 5,020 and 10 x 25 x 64): 117 examples in 16 MiB of float32."""
@@ -179,6 +202,7 @@ def test_chunk_size_fits_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> Non
     assert layer_grads._chunk_size(elsewhere, 1024) == 1024  # not the CPU: the whole batch
     monkeypatch.setattr(layer_grads, "WORK_BUDGET", 1000)
     assert layer_grads._chunk_size(work, 64) == 1
+    assert layer_grads.chunk_examples(10, torch.empty(0), 64) == 25  # 1000 B / 40 B
 
 
 @pytest.mark.parametrize("norm", [2, 1])

@@ -10,7 +10,9 @@ model and the same H:
   per-example backend (``--backend auto``: the layer-wise formulas where they cover the
   model), H steps with Poisson batches of expected size B drawn from the OS CSPRNG,
   per-example clipping and per-step noise (DP-SGD on the device);
-* ``record_upload``: the same with ``noise_multiplier = 0`` (noise added at the upload);
+* ``record_upload``: the same with ``noise_multiplier = 0`` and the one draw of ``d``
+  Gaussians from the OS CSPRNG that the uplink encoder then adds to the upload (noise at
+  the upload);
 * ``record_<before>`` (``--before``, default ``vmap``: the per-example backend runs used
   before ``auto`` became the default): the ``record`` round with that backend, so the
   before / after comparison is measured in the same run; ``--before none`` skips it.
@@ -26,7 +28,7 @@ backend, none for ``--before``; ratios are given in wall time (``record_B``,
 ``record_upload_B``, ``record_vmap_B``) and in process CPU time (``record_cpu_B``,
 ``record_vmap_cpu_B``, steadier on a shared machine). The remainder above 1x is mostly the
 per-step noise (about 1 ms per step for d = 21,840 from ``os.urandom``), which
-``record_upload`` leaves out, and the per-example weight gradients of the convolutions
+``record_upload`` draws once a round, and the per-example weight gradients of the convolutions
 (about twice the batched weight gradients they replace).
 Default B = 64 with H = 10 steps; ``--full`` B = 32, 64, 128, 256 with H = 20; both also
 the private job's round (``testbed/config/private-fedsgd.yaml``: FedSGD, one step of
@@ -46,6 +48,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +58,7 @@ from edge_device.trainer import LocalTrainer
 from testbed.bench_figures import Figure, figure, format_table
 from testbed.core.data.datasets import load_dataset
 from testbed.core.models import build_model, get_flat
+from testbed.core.noise import gaussian
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 #: Bound on record / non-private round time (wall and process CPU) for the default backend.
@@ -94,6 +98,13 @@ def round_seconds(
             cpu[name].append(time.process_time() - c)
             wall[name].append(time.perf_counter() - t)
     return wall, cpu
+
+
+def upload_round(record: RecordTrainer, w0: np.ndarray, dp: dict[str, Any]) -> None:
+    """A record round in upload-noise mode and the upload's noise: the trainer adds none,
+    the uplink encoder adds ``N(0, sigma^2 I)`` once to the ``d``-vector it sends."""
+    record.train(w0, noise_multiplier=0.0, **dp)
+    gaussian(record.d, 1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "nonprivate": partial(plain.train, w0, steps=steps, batch_size=b, lr=args.lr,
                                   rng=np.random.default_rng(1)),
             "record": partial(record.train, w0, noise_multiplier=args.noise_multiplier, **dp),
-            "record_upload": partial(record.train, w0, noise_multiplier=0.0, **dp),
+            "record_upload": partial(upload_round, record, w0, dp),
         }
         if before is not None:
             fns["before"] = partial(before.train, w0, noise_multiplier=args.noise_multiplier,

@@ -34,7 +34,7 @@ examples at a time (:data:`WORK_BUDGET`, 16 MiB of rows and patches: 117 example
 MNIST CNN), each chunk's norms, clip factors and share of the sum taken before the next:
 an example's factor needs only its own rows, and a whole large batch's rows and patches
 would leave the cache (at B = 1024 a record-level step of the MNIST CNN cost 1.4-1.9x a
-non-private one with them formed at once, 0.98-1.09x in chunks). Their work arrays are
+non-private one with them formed at once, 0.8-1.2x in chunks). Their work arrays are
 reused from chunk to chunk and call to call, one set per thread.
 
 The formulas assume what per-example gradients assume of a model (no layer mixes the

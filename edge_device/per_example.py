@@ -37,7 +37,7 @@ default here, in :class:`edge_device.dp_trainer.RecordTrainer` and in the config
   model: any model ``torch.func`` can batch; per-example gradients ``(n, d)`` are
   materialised for a chunk of ``n`` examples at a time on the CPU (16 MiB of rows,
   :func:`edge_device.layer_grads.chunk_examples`; at B = 1024 the MNIST CNN's round went
-  from 2.64x to 1.55x of a non-private one). ``"auto"`` uses it for a model with another
+  from 2.2-2.6x to 1.2-1.7x of a non-private one). ``"auto"`` uses it for a model with another
   parameterised layer or a parameter shared by two layers, and switches to it for good at
   the first batch that shows a layer applied twice or a kept activation modified in place
   (the layer-wise formulas would miss the tie).

@@ -106,6 +106,12 @@ def make_trainer(
     return LocalTrainer(model, x, y, index, device=device)
 
 
+def minibatch_rng(seed: int, device: int, round_index: int) -> np.random.Generator:
+    """Device ``device``'s minibatch stream in round ``round_index``, spawned from the
+    experiment seed (the draws a resumed run repeats)."""
+    return experiment_generator(seed, Stream.MINIBATCH, device, round_index)
+
+
 def train_device(
     cfg: ExperimentConfig,
     trainer: Any,
@@ -125,7 +131,7 @@ def train_device(
         When the loss or the differential is not finite.
     """
     i, t = device, round_index
-    mb_rng = experiment_generator(cfg.seed, Stream.MINIBATCH, i, t)
+    mb_rng = minibatch_rng(cfg.seed, i, t)
     t0 = time.perf_counter()
     with meter.measure() as comp:
         local = _train(cfg, trainer, record, w, mb_rng)

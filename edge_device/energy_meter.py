@@ -259,9 +259,13 @@ class ModelMeter(EnergyMeter):
     def _energy_j(self) -> float:
         return self.e_comp_j
 
+    def reading(self, duration_s: float) -> EnergyReading:
+        """The configured energy for an interval of ``duration_s`` (s), with no samples: what
+        :meth:`stop` gives, for devices trained together and timed as one block."""
+        return EnergyReading(self.e_comp_j, duration_s, self.source, 0)
+
     def stop(self) -> EnergyReading:
-        reading = super().stop()
-        return EnergyReading(reading.energy_j, reading.duration_s, reading.source, 0)
+        return self.reading(super().stop().duration_s)
 
 
 class JetsonMeter(EnergyMeter):

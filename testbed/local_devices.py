@@ -29,10 +29,11 @@ from edge_device.device_worker import (
     DeviceWorker,
     Trained,
     make_trainer,
+    minibatch_rng,
     train_device,
     trained,
 )
-from edge_device.energy_meter import EnergyReading, Measurement, ModelMeter, make_meter
+from edge_device.energy_meter import Measurement, ModelMeter, make_meter
 from radio.link import Link
 from testbed.core.compute import check_workers
 from testbed.core.config.loader import ConfigError
@@ -42,7 +43,6 @@ from testbed.core.links import make_link
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.secure_aggregation import CARRIER as SECAGG_CARRIER
 from testbed.core.secure_aggregation import secure_sum
-from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 from testbed.parallel_training import TrainingPool, resolve_workers
@@ -288,15 +288,14 @@ class LocalDevices:
         one device at a time: after the devices before it went on air."""
         cfg, meter = self.state.cfg, self.energy_meter
         assert self._batched is not None and isinstance(meter, ModelMeter)
-        rngs = [experiment_generator(cfg.seed, Stream.MINIBATCH, i, t) for i in devices]
+        rngs = [minibatch_rng(cfg.seed, i, t) for i in devices]
         t0 = time.perf_counter()
         results = self._batched.train(
             w, [self.parts[i] for i in devices], steps=cfg.local_steps,
             batch_size=cfg.batch_size, lr=cfg.lr, rngs=rngs)
         seconds = (time.perf_counter() - t0) / len(devices)
         for i, local in zip(devices, results, strict=True):
-            yield trained(i, t, local, Measurement(EnergyReading(
-                meter.e_comp_j, seconds, meter.source, 0)), seconds)
+            yield trained(i, t, local, Measurement(meter.reading(seconds)), seconds)
 
     def device(self, i: int) -> DeviceWorker:
         """Device ``i``'s worker, made when first asked (its data are index rows into the

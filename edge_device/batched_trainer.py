@@ -40,7 +40,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from edge_device.trainer import LocalResult, draw_minibatches, local_result, model_device
+from edge_device.trainer import (
+    DeviceData,
+    LocalResult,
+    draw_minibatches,
+    local_result,
+    model_device,
+)
 
 #: Layers that draw random numbers in training.
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -100,16 +106,14 @@ class BatchedTrainer:
         device: torch.device | None = None,
     ) -> None:
         check_batchable(model)
-        if len(x) != len(y):
-            raise ValueError(f"training set: {len(x)} images and {len(y)} labels")
+        # the shared training set as tensors (no copy when already float32 / int64)
+        self.data = DeviceData(np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64))
         self.device = model_device(model) if device is None else torch.device(device)
         self.model = model.to(self.device)
         self.names = [name for name, _ in model.named_parameters()]
         self.shapes = [p.shape for _, p in model.named_parameters()]
         self.sizes = [p.numel() for _, p in model.named_parameters()]
         self.d = sum(self.sizes)
-        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-        self.y = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
 
         def loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor
                  ) -> torch.Tensor:
@@ -182,9 +186,8 @@ class BatchedTrainer:
         index = torch.from_numpy(rows)
         losses = torch.empty(n_dev, steps, dtype=torch.float32, device=dev)
         for s in range(steps):
-            take = index[:, s].reshape(-1)
-            xb = self.x.index_select(0, take).to(dev)
-            yb = self.y.index_select(0, take).to(dev)
+            xb, yb = self.data.batch(index[:, s].reshape(-1))
+            xb, yb = xb.to(dev), yb.to(dev)
             try:
                 grads, loss = self._step(params, xb.view(n_dev, size, *xb.shape[1:]),
                                          yb.view(n_dev, size))

@@ -168,6 +168,10 @@ class Devices(Protocol):
     #: Processes training a round's devices (the summary's ``workers``).
     workers: int
 
+    #: Devices trained together in one batched pass (the summary's ``batch_devices``; 1:
+    #: one after another).
+    batch_devices: int
+
     #: Where the devices' computing energy comes from (the summary's
     #: ``energy_comp_source``).
     energy_source: str

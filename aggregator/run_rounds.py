@@ -121,6 +121,7 @@ def run_rounds(
         try:
             summary = build_summary(state, status, reason, time.perf_counter() - t_start,
                                     workers=devices.workers,
+                                    batch_devices=devices.batch_devices,
                                     energy_source=devices.energy_source, startup_s=startup_s)
             if state.book is not None:
                 state.book.close()

@@ -18,7 +18,7 @@ from testbed.core.config.link import link_name
 
 def summary(
     state: RunState, status: str, reason: str, wall: float, *, workers: int,
-    energy_source: str, startup_s: float | None = None,
+    energy_source: str, startup_s: float | None = None, batch_devices: int = 1,
 ) -> dict[str, Any]:
     """The run's ``summary.json``: how it ended, accuracy, energy and every listed device's
     privacy (epsilon with its unit, accountant, delta and trust), read from the run
@@ -26,7 +26,9 @@ def summary(
 
     ``wall``: seconds of this process's rounds (``wall_time_s``). ``startup_s``: seconds
     from this process's start to its first round (imports, config, data, model, link;
-    :func:`testbed.core.process_clock.process_age_s`), kept as ``startup_s`` when known."""
+    :func:`testbed.core.process_clock.process_age_s`), kept as ``startup_s`` when known.
+    ``workers``, ``batch_devices``: how the devices trained (worker processes; devices
+    trained together, ``compute.batch_devices`` resolved)."""
     metrics = state.rundir.metrics()
     completed = len(metrics)  # the files are the truth (one line per committed round)
     evals = [m for m in metrics if "test_accuracy" in m]
@@ -99,6 +101,7 @@ def summary(
             "eval_every": state.cfg.eval_every,
         },
         "workers": workers,
+        "batch_devices": batch_devices,
         "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
         "lost_uploads": int(lost.sum()),
         "lost_uploads_per_device": lost.tolist(),

@@ -20,13 +20,13 @@ Figures (baselines measured in the same run, the configurations run one after an
 * ``per_device_100``, ``per_device_1000``: cost per device of a round with every one of 100
   (1,000) devices uploading / the same with 10 devices; aim <= 1.5 (a round costs in
   proportion to its devices).
-* ``per_device_1000_abs``: the whole cost per device of a round of 1,000 devices, keeping
-  the uploads included (``wall_s.round - wall_s.eval``) / the same with 10 devices; aim: at
-  most 1 ms. The devices' own local training (``wall_s.train``, run one after another in this
-  process) is part of it.
-* ``per_device_1000_abs_batched``: the same with the devices trained ``BATCH`` (250) at a
-  time (``compute.batch_devices``; for logreg the same model bit for bit) / the same one
-  device at a time; aim: at most 1 ms.
+* ``per_device_1000_abs``: the whole cost per device of a round of 1,000 devices with the
+  default settings, keeping the uploads included (``wall_s.round - wall_s.eval``) / the same
+  with the devices trained one after another; aim: at most 1 ms. The devices' own local
+  training (``wall_s.train``) is part of it: ``compute.batch_devices: auto`` (the default)
+  trains these logreg devices 250 at a time, the same model bit for bit as one at a time.
+* ``per_device_1000_abs_one_at_a_time``: the same with ``compute.batch_devices: 1`` / the
+  same with 10 devices; no aim.
 * ``per_device_1000_aggregator``: the same without the devices' local training (what the
   aggregator spends per device: gate, link, decode, keep, the round's bookkeeping) / the
   same with 10 devices; no aim.
@@ -57,21 +57,20 @@ from typing import Any
 
 from testbed.bench_figures import Figure, figure, format_table
 
-#: ``compute.batch_devices`` of the batched 1,000-device configuration.
-BATCH = 250
 BASE = ["model=logreg", "partition=iid", "batch_size=8", "eval_subset=null",
         "eval_every=1000000", "name=bench-population"]
 
 
 def child(devices: int, sample: int | None, rounds: int, steps: int, workers: int,
           batch: int = 1) -> int:
-    """One configuration, in this (child) process: prints one JSON line."""
+    """One configuration, in this (child) process: prints one JSON line. ``batch`` 0: the
+    default ``compute.batch_devices`` (``auto``)."""
     from testbed.core.config.loader import load_experiment
     from testbed.core.rundir import read_jsonl
     from testbed.runner import run_experiment
 
     sets = [*BASE, f"devices={devices}", f"rounds={rounds}", f"local_steps={steps}",
-            f"workers={workers}", f"compute.batch_devices={batch}"]
+            f"workers={workers}", f"compute.batch_devices={batch or 'auto'}"]
     if sample is not None:
         sets.append(f"sample_devices={sample}")
     t0 = time.perf_counter()
@@ -90,6 +89,7 @@ def child(devices: int, sample: int | None, rounds: int, steps: int, workers: in
     asked = sample if sample is not None else devices
     print(json.dumps({
         "devices": devices, "sample_devices": sample, "asked": asked, "workers": workers,
+        "batch_devices": summary["batch_devices"],
         "round_costs_s": costs, "whole_round_costs_s": whole,
         "aggregator_round_costs_s": [w - tr for w, tr in zip(whole, training, strict=True)],
         "stages": [m["wall_s"] for m in lines],
@@ -108,7 +108,8 @@ def measure(devices: int, sample: int | None, rounds: int, steps: int,
            str(steps), str(workers), str(batch)]
     label = f"{devices} devices" + (f", {sample} asked" if sample else "") + (
         f", {workers} workers" if workers > 1 else "") + (
-        f", trained {batch} at a time" if batch > 1 else "")
+        f", trained {batch} at a time" if batch > 1 else "") + (
+        ", the default compute.batch_devices (auto)" if batch == 0 else "")
     print(f"{label} ...", file=sys.stderr)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "100": measure(100, None, rounds, args.steps),
         "10000/100": measure(10000, 100, rounds, args.steps),
         "1000": measure(1000, None, rounds, args.steps),
-        f"1000 batch_devices={BATCH}": measure(1000, None, rounds, args.steps, batch=BATCH),
+        "1000 default": measure(1000, None, rounds, args.steps, batch=0),
     }
     if args.full:
         runs["10000/1000"] = measure(10000, 1000, rounds, args.steps)
@@ -161,17 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         for n in ("100", "1000")
     ]
     figures.append(figure(
-        "per_device_1000_abs", runs["1000"]["whole_per_device_s"],
-        runs["10"]["whole_per_device_s"], "s", better="lower", aim_value=0.001,
-        baseline_name="the same with 10 devices",
-        note=f"1,000 devices, keeping the uploads and the devices' local training included; "
-             f"{note}"))
-    figures.append(figure(
-        "per_device_1000_abs_batched", runs[f"1000 batch_devices={BATCH}"]["whole_per_device_s"],
+        "per_device_1000_abs", runs["1000 default"]["whole_per_device_s"],
         runs["1000"]["whole_per_device_s"], "s", better="lower", aim_value=0.001,
         baseline_name="the same one device at a time",
-        note=f"1,000 devices trained {BATCH} at a time (compute.batch_devices, the same model "
-             f"bit for bit for logreg), keeping the uploads included; {note}"))
+        note=f"1,000 devices, default settings (compute.batch_devices auto: trained "
+             f"{runs['1000 default']['batch_devices']} at a time, the same model bit for bit "
+             f"for logreg), keeping the uploads and the devices' local training included; "
+             f"{note}"))
+    figures.append(figure(
+        "per_device_1000_abs_one_at_a_time", runs["1000"]["whole_per_device_s"],
+        runs["10"]["whole_per_device_s"], "s", better="lower",
+        baseline_name="the same with 10 devices",
+        note=f"1,000 devices trained one after another (compute.batch_devices 1), keeping the "
+             f"uploads and the devices' local training included; {note}"))
     figures.append(figure(
         "per_device_1000_aggregator", runs["1000"]["aggregator_per_device_s"],
         runs["10"]["aggregator_per_device_s"], "s", better="lower",

@@ -178,3 +178,52 @@ def test_a_device_that_diverged_stops_the_run_where_it_would_one_at_a_time(
     summary = _run([*tiny_overrides, "compute.batch_devices=4"], tmp_path / "run")
     assert summary["status"] == "diverged" and "device 2 round 0" in summary["reason"]
     assert encoded == [0, 1]
+
+
+def test_auto_trains_logreg_devices_together_from_its_threshold_with_the_same_model(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compute.batch_devices: auto`` (the default): 12 devices a round for 3 rounds are 36
+    device trainings; from a threshold of 36 they train together (12 at a time, at most a
+    round's), below it one after another, and the model is the same bit for bit."""
+    import testbed.local_devices as local
+
+    sets = [*tiny_overrides, "devices=30", "sample_devices=12", "batch_size=8", "rounds=3"]
+    monkeypatch.setattr(local, "AUTO_MIN_TRAININGS", 36)
+    auto = _run(sets, tmp_path / "auto")
+    monkeypatch.setattr(local, "AUTO_MIN_TRAININGS", 37)
+    below = _run(sets, tmp_path / "below")
+    one = _run([*sets, "compute.batch_devices=1"], tmp_path / "one")
+    assert (auto["batch_devices"], below["batch_devices"], one["batch_devices"]) == (12, 1, 1)
+    a, b, c = (RunDir(tmp_path / r).load_checkpoint() for r in ("auto", "below", "one"))
+    assert a is not None and b is not None and c is not None
+    np.testing.assert_array_equal(a[1], c[1])
+    np.testing.assert_array_equal(b[1], c[1])
+
+
+@pytest.mark.parametrize("sets", [
+    ["model=mnist-cnn"],  # not bit for bit batched: float32 rounding only
+    ["torch_threads=2"],  # the products' sums split across threads differently
+    ["workers=2"],  # worker processes train the devices
+    ["scheme=dp-pasgd", "privacy.noise=per-step"],  # record unit: each device on its own
+])
+def test_auto_keeps_one_device_at_a_time_where_batching_is_not_exact_or_not_allowed(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch: pytest.MonkeyPatch,
+    sets: list[str],
+) -> None:
+    import testbed.local_devices as local
+
+    monkeypatch.setattr(local, "AUTO_MIN_TRAININGS", 1)
+    summary = _run([*tiny_overrides, "rounds=1", *sets], tmp_path / "run")
+    assert summary["status"] == "completed", summary["reason"]
+    assert summary["batch_devices"] == 1
+
+
+def test_batch_devices_allows_an_integer_or_auto(tiny_overrides: list[str]) -> None:
+    assert load_experiment(None, tiny_overrides).compute.batch_devices == "auto"
+    assert load_experiment(None, [*tiny_overrides, "compute.batch_devices=7"]
+                           ).compute.batch_devices == 7
+    for bad in ("0", "4097", "true", "many"):
+        with pytest.raises(ConfigError, match=r"batch_devices.*1-4096 \(devices trained "
+                           r"together\) or 'auto'"):
+            load_experiment(None, [*tiny_overrides, f"compute.batch_devices={bad}"])

@@ -94,6 +94,7 @@ class RemoteDevices:
 
     lists_every_device = True
     workers = 1
+    batch_devices = 1
 
     def __init__(
         self,

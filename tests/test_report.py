@@ -322,3 +322,32 @@ def test_corrupt_files_are_reported_not_fatal(runs: dict[str, Path], tmp_path: P
     assert "| rounds committed | 3 |" in report
     assert "| unit | device (" in report, "the ledger header still tells the privacy unit"
     assert check_report(run) == []
+
+
+def test_many_devices_are_drawn_as_outlines_and_bands(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above ``MAX_DEVICE_MARKS`` devices (here 2, so that the 4-device Rayleigh run is
+    'many') the energy bars are one filled outline per series and the SNR boxes quartile
+    bands: the figures are drawn and valid, with a handful of artists instead of one (or
+    six) per device."""
+    from matplotlib.figure import Figure
+
+    from testbed.report import plots
+
+    monkeypatch.setattr(plots, "MAX_DEVICE_MARKS", 2)
+    run = _fresh_copy(runs["record"], tmp_path / "run")
+    write_report(run)
+    for name in ("energy.png", "snr.png"):
+        _assert_png(run / "report" / name)
+    ax = Figure().add_subplot()
+    heights = np.array([1.0, np.nan, 3.0, 2.0])
+    plots._bars(ax, heights, np.zeros(4), color="tab:blue", label="x")
+    assert len(ax.patches) == 1 and not ax.containers  # one outline, not four bars
+    ax = Figure().add_subplot()
+    plots._quartile_bands(ax, [np.arange(5.0), np.array([2.0]), np.arange(9.0)], [0, 1, 2])
+    assert len(ax.collections) == 2 and len(ax.lines) == 1
+    monkeypatch.setattr(plots, "MAX_DEVICE_MARKS", 60)
+    ax = Figure().add_subplot()
+    plots._bars(ax, heights, np.zeros(4), color="tab:blue", label="x")
+    assert len(ax.patches) == 4

@@ -12,7 +12,10 @@ therefore adds ``N0 = 10 ** (-snr_db / 10)`` per sample to get a symbol-level SN
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,16 +236,13 @@ def emulate(
     n_frame = int(np.floor((s.size - 1) / ratio)) + 1
     lead = int(np.ceil(delay))
     n_rx = lead + n_frame + params.tail_samples
-    # Noise first, generated into the receive buffer (single precision).
     rx = np.empty(n_rx, dtype=np.complex64)
-    if noise_var > 0:
-        noise.fill(rx, noise_var, rng)
-    else:
-        rx.view(np.float32)[:] = 0.0
-    rot = _Rotator(cfo / sample_rate_hz, float(rng.uniform(-np.pi, np.pi)))
     faded = params.fading != "none"
     if params.sro_ppm == 0.0 and delay == lead:
-        # Whole-sample delay: the transmitted samples, copied chunkwise.
+        # Whole-sample delay: the noise first, then the transmitted samples, copied,
+        # rotated and added chunkwise (each chunk in the cache).
+        _draw_noise(noise, rx, noise_var, rng)
+        rot = _Rotator(cfo / sample_rate_hz, float(rng.uniform(-np.pi, np.pi)))
         buf = np.empty(min(_CHUNK, n_frame), dtype=np.complex64)
         for c0 in range(0, n_frame, _CHUNK):
             m = min(_CHUNK, n_frame - c0)
@@ -253,20 +253,98 @@ def emulate(
             seg *= rot.chunk(lead + c0, m)
             rx[lead + c0 : lead + c0 + m] += seg
     else:
-        # Receiver sample m sees the transmitted signal at time (m - delay) * ratio, held
-        # at the last transmitted sample past the end.
-        src = s
-        if faded:
-            src = s.astype(np.complex64)
-            src *= gain
-        start = (lead - delay) * ratio
-        inside = max(min(n_frame, int(np.floor((s.size - 1 - start) / ratio)) + 1), 0)
-        while inside > 0 and start + ratio * (inside - 1) > s.size - 1:
-            inside -= 1
-        for c0, seg in _resampled_frame(src, start, ratio, inside, n_frame):
-            seg *= rot.chunk(lead + c0, seg.size)
-            rx[lead + c0 : lead + c0 + seg.size] += seg
+        # Resampled: the noise is drawn into the receive buffer, in a worker thread for a
+        # long frame, while this thread interpolates the faded frame into its own buffer (no
+        # draws); then the carrier phase is drawn (the generator's draws keep their order)
+        # and each segment is rotated and added to the noise: the same products and sums, in
+        # the same order and segments (the rotator's start phase is rounded per segment), as
+        # interpolating, rotating and adding segment by segment after the noise.
+        frame = np.empty(n_frame, dtype=np.complex64)
+        with _NoiseDraw(noise, rx, noise_var, rng, parallel=n_rx >= _PARALLEL_MIN):
+            segments = _resampled_into(frame, s, gain if faded else None, delay, lead, ratio)
+        rot = _Rotator(cfo / sample_rate_hz, float(rng.uniform(-np.pi, np.pi)))
+        for c0, m in segments:
+            seg = frame[c0 : c0 + m]
+            seg *= rot.chunk(lead + c0, m)
+            rx[lead + c0 : lead + c0 + m] += seg
     truth = EmulatedTruth(
         gain=gain, noise_var=noise_var, cfo_hz=cfo, delay_samples=delay, sro_ppm=params.sro_ppm
     )
     return rx, truth
+
+
+def _resampled_into(
+    out: np.ndarray, s: np.ndarray, gain: np.ndarray | None, delay: float, lead: int,
+    ratio: float,
+) -> list[tuple[int, int]]:
+    """The noiseless received frame before the carrier offset, into ``out`` (``complex64
+    (n_frame,)``): ``s`` faded by ``gain`` (``None``: not faded), delayed by ``delay``
+    samples (``lead`` its ceiling: receiver sample ``lead + c`` is frame sample ``c``) and
+    resampled by ``ratio``: receiver sample ``m`` sees the transmitted signal at time
+    ``(m - delay) * ratio``, held at the last transmitted sample past the end. Returns the
+    segments it was formed in, ``(first frame sample, length)``, in order."""
+    n_frame = out.size
+    src = s
+    if gain is not None:
+        src = s.astype(np.complex64)
+        src *= gain
+    start = (lead - delay) * ratio
+    inside = max(min(n_frame, int(np.floor((s.size - 1 - start) / ratio)) + 1), 0)
+    while inside > 0 and start + ratio * (inside - 1) > s.size - 1:
+        inside -= 1
+    segments: list[tuple[int, int]] = []
+    for c0, seg in _resampled_frame(src, start, ratio, inside, n_frame):
+        out[c0 : c0 + seg.size] = seg
+        segments.append((c0, seg.size))
+    return segments
+
+
+def _draw_noise(noise: ChannelNoise, rx: np.ndarray, noise_var: float,
+                rng: np.random.Generator) -> None:
+    """The receiver noise into ``rx`` (``ChannelNoise.fill``; zeros when ``noise_var`` is
+    0)."""
+    if noise_var > 0:
+        noise.fill(rx, noise_var, rng)
+    else:
+        rx.view(np.float32)[:] = 0.0
+
+
+class _NoiseDraw:
+    """The receiver noise drawn into ``rx`` (:func:`_draw_noise`) during a ``with`` block:
+    in a worker thread when ``parallel`` (numpy releases the GIL in its draws and ufuncs,
+    so it runs beside the block's work), else on entry. Leaving the block waits for it and
+    raises what it raised."""
+
+    def __init__(self, noise: ChannelNoise, rx: np.ndarray, noise_var: float,
+                 rng: np.random.Generator, *, parallel: bool) -> None:
+        self._args = (noise, rx, noise_var, rng)
+        self._parallel = parallel
+        self._future: Future[None] | None = None
+
+    def __enter__(self) -> _NoiseDraw:
+        if self._parallel:
+            self._future = _pool().submit(_draw_noise, *self._args)
+        else:
+            _draw_noise(*self._args)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._future is not None:
+            self._future.result()  # waits (also when the block raised) and re-raises
+
+
+#: Receive buffers from this many samples draw their noise in a worker thread.
+_PARALLEL_MIN = 1 << 17
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One worker thread for the noise draws of this process, made on first use (again in
+    a forked child, which does not inherit the parent's thread)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="emulator-noise"))
+        return _POOL[1]

@@ -169,3 +169,67 @@ def test_emulated_timing_is_band_limited_resampling(sro_ppm: float, fading: str)
     strong = np.abs(ref[1:] * ref[:-1]) > 0.05 * np.mean(np.abs(ref) ** 2)  # phase well defined
     assert np.allclose(step[strong], 2 * np.pi * truth.cfo_hz / fs, atol=1e-4)
     assert np.all(rx[:lead] == 0) and np.all(rx[lead + n_frame :] == 0)
+
+
+def _emulate_segment_by_segment(s: np.ndarray, em: EmulatorParams, noise_var: float,
+                                fs: float, rng: np.random.Generator) -> np.ndarray:
+    """The resampled path as one thread forms it: the same draws (gains, delay, offset, the
+    noise into the buffer, then the carrier phase), then each interpolated segment rotated
+    and added to the noise in turn."""
+    from radio.waveform_channel import _resampled_frame, fading_gains
+
+    gain = fading_gains(em, s.size, fs, rng)
+    delay = float(rng.uniform(0.0, em.delay_max_samples))
+    cfo = em.cfo_hz + float(rng.uniform(-em.cfo_spread_hz, em.cfo_spread_hz))
+    ratio = 1.0 + em.sro_ppm * 1e-6
+    n_frame = int(np.floor((s.size - 1) / ratio)) + 1
+    lead = int(np.ceil(delay))
+    rx = np.zeros(lead + n_frame + em.tail_samples, dtype=np.complex64)
+    if noise_var > 0:
+        complex_gaussian(rx, noise_var, rng)
+    rot = _Rotator(cfo / fs, float(rng.uniform(-np.pi, np.pi)))
+    src = s.astype(np.complex64) * gain if em.fading != "none" else s
+    start = (lead - delay) * ratio
+    inside = max(min(n_frame, int(np.floor((s.size - 1 - start) / ratio)) + 1), 0)
+    while inside > 0 and start + ratio * (inside - 1) > s.size - 1:
+        inside -= 1
+    for c0, seg in _resampled_frame(src, start, ratio, inside, n_frame):
+        seg *= rot.chunk(lead + c0, seg.size)
+        rx[lead + c0 : lead + c0 + seg.size] += seg
+    return rx
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+@pytest.mark.parametrize(("sro_ppm", "fading", "noise_var"), [
+    (0.0, "none", 0.2), (50.0, "none", 0.2), (-30.0, "rayleigh", 0.2), (50.0, "none", 0.0)])
+def test_noise_drawn_beside_the_resampling_gives_the_same_samples(
+    monkeypatch: pytest.MonkeyPatch, threaded: bool, sro_ppm: float, fading: str,
+    noise_var: float,
+) -> None:
+    """A long frame's noise is drawn in a worker thread while the frame is interpolated:
+    bit for bit the samples of forming, rotating and adding each segment after the noise
+    (several segments: the frame is longer than ``_CHUNK``), with the worker or without."""
+    import radio.waveform_channel as wc
+
+    monkeypatch.setattr(wc, "_PARALLEL_MIN", 0 if threaded else 1 << 40)
+    s = _band_limited(3 * _CHUNK + 1234, np.random.default_rng(4))
+    em = EmulatorParams(fading=fading, speed_kmh=30.0 if fading != "none" else 0.0,
+                        cfo_hz=900.0, cfo_spread_hz=200.0, delay_max_samples=300.0,
+                        sro_ppm=sro_ppm, tail_samples=17)
+    rx, _ = emulate(s, em, noise_var, 1e6, np.random.default_rng(8))
+    ref = _emulate_segment_by_segment(s, em, noise_var, 1e6, np.random.default_rng(8))
+    assert rx.dtype == ref.dtype and np.array_equal(rx.view(np.uint32), ref.view(np.uint32))
+
+
+def test_a_failed_noise_draw_in_the_worker_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import radio.waveform_channel as wc
+    from radio.channel_noise import SeededNoise
+
+    class Broken(SeededNoise):
+        def fill(self, out: np.ndarray, noise_var: float, rng: np.random.Generator) -> None:
+            raise OSError("no entropy")
+
+    monkeypatch.setattr(wc, "_PARALLEL_MIN", 0)
+    em = EmulatorParams(delay_max_samples=10.0, sro_ppm=20.0)
+    with pytest.raises(OSError, match="no entropy"):
+        emulate(np.ones(5000, np.complex64), em, 0.1, 1e6, np.random.default_rng(1), Broken())

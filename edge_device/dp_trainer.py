@@ -40,15 +40,18 @@ Randomness:
   refuses a generator. ``secure_sampling=False`` takes a ``numpy`` generator (reproducible
   from the experiment seed); the accountant must then credit no amplification.
 * **Noise.** Always :func:`testbed.core.noise.gaussian` (``os.urandom`` + Box-Muller in
-  float64), never seeded from anything, in both sampling modes. It costs about 0.8 ms per step
-  for d = 21,840 (0.44 ms of it reading ``os.urandom``; about 10 % of a record-level step at
-  B = 64 with the default per-example backend), and no faster PRNG seeded from the CSPRNG is
-  used.
+  float64), never seeded from anything, in both sampling modes. It costs about 0.8-1 ms of
+  CPU per step for d = 21,840 (0.44 ms of it reading ``os.urandom``; about 10 % of a
+  record-level step at B = 64 with the default per-example backend), and no faster PRNG
+  seeded from the CSPRNG is used. Each step's draw runs in the process's side thread while
+  the step before it computes (:class:`edge_device.noise_ahead.NoiseAhead`): with a free
+  core it leaves the step's wall time; its CPU time is unchanged.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,10 +59,11 @@ import torch
 from torch import nn
 
 from edge_device.laplace_noise import laplace_noise
+from edge_device.noise_ahead import NoiseAhead
 from edge_device.per_example import Backend, ClippedGradientSum
 from edge_device.trainer import DeviceData, LocalResult, model_device
 from testbed.core.models import get_flat, set_flat
-from testbed.core.noise import gaussian, secure_bernoulli
+from testbed.core.noise import secure_bernoulli
 
 
 def poisson_sample(
@@ -242,26 +246,26 @@ class RecordTrainer:
         dev = self.device
         differential = torch.zeros(self.d, dtype=torch.float64, device=dev)
         step, views = self._step_buffer()
-        # the per-step noise, drawn into the same array each step (no fresh array's page
-        # faults): float64 from the OS CSPRNG, rounded once to float32 on the CPU
-        noise32 = torch.empty(self.d, dtype=torch.float32) if sigma_sum > 0 else None
         sizes = np.zeros(steps, dtype=np.int64)
         loss_total = torch.zeros((), dtype=torch.float64, device=dev)  # no sync per step
-        for t in range(steps):
-            idx = poisson_sample(n, q, rng=None if secure_sampling else rng)
-            sizes[t] = idx.size
-            if idx.size:
-                xb, yb = self.data.batch(torch.from_numpy(idx))
-                total, _, losses = self.clipped_sum(xb.to(dev), yb.to(dev), example_clip)
-                loss_total += losses.double().sum()
-            else:
-                total = torch.zeros(self.d, dtype=torch.float32, device=dev)
-            if noise32 is not None:  # drawn on the CPU (OS CSPRNG), rounded there, moved
-                gaussian(self.d, sigma_sum, out=noise32.numpy())
-                total.add_(noise32.to(dev))  # total: this step's own fresh sum
-            torch.mul(total, inv_b, out=step)  # (d,) float32: the noisy gradient
-            self._sgd_step(views, lr)
-            differential.add_(total, alpha=inv_b)  # in float64: total widened, then scaled
+        # the per-step noise: float64 from the OS CSPRNG, rounded once to float32 on the
+        # CPU, each step's drawn beside the step before it (edge_device/noise_ahead.py)
+        ahead = NoiseAhead(self.d, sigma_sum, steps) if sigma_sum > 0 else None
+        with ahead if ahead is not None else nullcontext():
+            for t in range(steps):
+                idx = poisson_sample(n, q, rng=None if secure_sampling else rng)
+                sizes[t] = idx.size
+                if idx.size:
+                    xb, yb = self.data.batch(torch.from_numpy(idx))
+                    total, _, losses = self.clipped_sum(xb.to(dev), yb.to(dev), example_clip)
+                    loss_total += losses.double().sum()
+                else:
+                    total = torch.zeros(self.d, dtype=torch.float32, device=dev)
+                if ahead is not None:  # drawn on the CPU (OS CSPRNG), rounded there, moved
+                    total.add_(ahead.take().to(dev))  # total: this step's own fresh sum
+                torch.mul(total, inv_b, out=step)  # (d,) float32: the noisy gradient
+                self._sgd_step(views, lr)
+                differential.add_(total, alpha=inv_b)  # float64: total widened, then scaled
         seen = int(sizes.sum())
         return RecordResult(
             weights=get_flat(self.model),

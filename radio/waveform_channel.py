@@ -12,10 +12,8 @@ therefore adds ``N0 = 10 ** (-snr_db / 10)`` per sample to get a symbol-level SN
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +22,7 @@ from radio.channel import Fading, draw_block_gains
 from radio.channel_noise import SEEDED, ChannelNoise
 from radio.fading import clarke_gains, doppler_hz
 from radio.line_sampler import sample_line, sample_line_chunks
+from radio.side_thread import side_thread
 
 #: Largest spacing (samples) of the grid on which Doppler fading is evaluated.
 _FADING_GRID_MAX = 4096
@@ -311,9 +310,9 @@ def _draw_noise(noise: ChannelNoise, rx: np.ndarray, noise_var: float,
 
 class _NoiseDraw:
     """The receiver noise drawn into ``rx`` (:func:`_draw_noise`) during a ``with`` block:
-    in a worker thread when ``parallel`` (numpy releases the GIL in its draws and ufuncs,
-    so it runs beside the block's work), else on entry. Leaving the block waits for it and
-    raises what it raised."""
+    in the process's side thread (:func:`radio.side_thread.side_thread`) when ``parallel``
+    (numpy releases the GIL in its draws and ufuncs, so it runs beside the block's work),
+    else on entry. Leaving the block waits for it and raises what it raised."""
 
     def __init__(self, noise: ChannelNoise, rx: np.ndarray, noise_var: float,
                  rng: np.random.Generator, *, parallel: bool) -> None:
@@ -323,7 +322,7 @@ class _NoiseDraw:
 
     def __enter__(self) -> _NoiseDraw:
         if self._parallel:
-            self._future = _pool().submit(_draw_noise, *self._args)
+            self._future = side_thread().submit(_draw_noise, *self._args)
         else:
             _draw_noise(*self._args)
         return self
@@ -335,16 +334,3 @@ class _NoiseDraw:
 
 #: Receive buffers from this many samples draw their noise in a worker thread.
 _PARALLEL_MIN = 1 << 17
-_POOL: tuple[int, ThreadPoolExecutor] | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """One worker thread for the noise draws of this process, made on first use (again in
-    a forked child, which does not inherit the parent's thread)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            _POOL = (os.getpid(), ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="emulator-noise"))
-        return _POOL[1]

@@ -208,6 +208,24 @@ class ClippedGradientSum:
         if norm not in (1, 2):
             raise ValueError(f"norm={norm!r} must be 1 or 2")
         x, y = x.to(self.device), y.to(self.device)  # no copy when already there
+        b = x.shape[0]
+        step = pass_examples(x, b)
+        if step >= b:
+            return self._clipped(x, y, clip, norm)
+        # A large batch on the CPU in passes of `step` examples: each pass's activations and
+        # their gradients, not the whole batch's, are held at once (an example's clipped
+        # gradient needs only its own); the passes' sums are added in order.
+        parts = [self._clipped(x[lo : lo + step], y[lo : lo + step], clip, norm)
+                 for lo in range(0, b, step)]
+        total = parts[0][0]
+        for part in parts[1:]:
+            total.add_(part[0])
+        return total, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+
+    def _clipped(
+        self, x: torch.Tensor, y: torch.Tensor, clip: float, norm: Norm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`__call__` on one pass's examples (checked there)."""
         if self._layerwise is not None:
             try:
                 return self._layerwise(x, y, clip, norm, clip_factors)
@@ -256,6 +274,19 @@ class ClippedGradientSum:
             losses.append(loss.detach())
         assert total is not None  # b >= 1: checked by __call__
         return total, torch.cat(norms).float(), torch.cat(losses)
+
+
+#: Examples per forward and backward pass of a clipped sum on the CPU: a larger batch is
+#: taken in passes of this many, so that only one pass's activations and their gradients
+#: are held at once. The MNIST CNN's clipped sum at B = 1024: peak RSS 365 MiB in one pass,
+#: 283-284 MiB in passes of 128, in about the same time (194-248 ms, noisy host).
+PASS_EXAMPLES = 128
+
+
+def pass_examples(x: torch.Tensor, b: int) -> int:
+    """Examples per pass (:data:`PASS_EXAMPLES`) for a batch ``x`` of ``b`` examples; on a
+    GPU (any device but the CPU) the whole batch, which it computes best in one pass."""
+    return b if x.device.type != "cpu" else PASS_EXAMPLES
 
 
 def per_example_norms(flat: torch.Tensor, norm: Norm = 2) -> torch.Tensor:

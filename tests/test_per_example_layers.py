@@ -160,6 +160,34 @@ def test_examples_taken_in_chunks_give_the_same_norms_and_sum(
     assert float((total.double() - loop_total).norm()) <= 1e-3 * float(loop_total.norm())
 
 
+@pytest.mark.parametrize("backend", ["auto", "vmap"])
+@pytest.mark.parametrize("norm", [2, 1])
+@pytest.mark.parametrize("name", ["mnist-cnn", "tokens"])
+def test_a_batch_in_passes_gives_the_same_norms_losses_and_sum(
+    name: str, norm: int, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch larger than a pass (33 = 4 passes of 7 and one of 5: forward, backward and
+    clipping per pass) against one pass: losses and norms to float32 rounding (a kernel may
+    round an example differently in a smaller batch), the clipped sum too (added in another
+    order), and each output in example order."""
+    from edge_device import per_example
+
+    model = MODELS[name]()
+    x, y = _batch(name, 33, seed=6)
+    cgs = ClippedGradientSum(model, backend=backend)  # type: ignore[arg-type]
+    monkeypatch.setattr(per_example, "PASS_EXAMPLES", 1 << 30)
+    _, raw, _ = cgs(x, y, 1e30, norm=norm)  # type: ignore[arg-type]
+    clip = float(raw.median())
+    whole, whole_norms, whole_losses = cgs(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    monkeypatch.setattr(per_example, "PASS_EXAMPLES", 7)
+    total, norms, losses = cgs(x, y, clip, norm=norm)  # type: ignore[arg-type]
+    assert norms.shape == losses.shape == (33,)
+    torch.testing.assert_close(losses, whole_losses, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(norms, whole_norms, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-6 * clip)
+    assert per_example.pass_examples(x.to("meta"), 33) == 33  # not the CPU: one pass
+
+
 @pytest.mark.parametrize("norm", [2, 1])
 @pytest.mark.parametrize("name", ["mnist-cnn", "tokens"])
 def test_vmap_in_chunks_gives_the_same_norms_and_sum(

@@ -11,6 +11,7 @@ the per-sample results come back to the CPU.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -68,17 +69,25 @@ def sample_scores(
     batch_size: int = EVAL_BATCH,
     *,
     device: torch.device | None = None,
+    threads: int = 1,
 ) -> SampleScores:
     """Per-sample loss and correctness of weights ``w`` (``(d,)``) on ``x`` ``(n, C, H, W)``
-    (``float32``), ``y`` ``(n,)`` (``int64``).
+    (``float32``, or coded images, decoded batch by batch), ``y`` ``(n,)`` (``int64``).
 
     ``device``: where to compute (the model is moved there); ``None``: where the model's
     parameters are. Each batch is moved there and its results back to the CPU.
+    ``threads``: on the CPU, batches evaluated at once, each on one thread (torch's
+    intra-op threads set to 1 meanwhile): every sample's result is the one-thread result
+    bit for bit, where splitting each operation over threads changes a convolution's
+    summation order (measured: the CIFAR CNN's losses differed in the last bit on 113 of
+    1,200 images with 2 intra-op threads).
     """
     if len(x) != len(y) or len(y) == 0:
         raise ValueError(f"evaluation: {len(x)} images and {len(y)} labels")
     if batch_size < 1:
         raise ValueError(f"batch_size: got {batch_size}; allowed: >= 1")
+    if threads < 1:
+        raise ValueError(f"threads: got {threads}; allowed: >= 1")
     if device is None:
         first = next(iter(model.parameters()), None)
         device = torch.device("cpu") if first is None else first.device
@@ -87,16 +96,29 @@ def sample_scores(
     model.eval()
     losses = np.empty(len(y), dtype=np.float64)
     correct = np.empty(len(y), dtype=bool)
-    with torch.inference_mode():
-        for start in range(0, len(y), batch_size):
+
+    def one_batch(start: int) -> None:
+        with torch.inference_mode():  # per thread
             # .to(device) and .cpu() copy nothing when the device is the CPU
-            xb = torch.from_numpy(x[start : start + batch_size]).to(device)
+            xb = torch.from_numpy(np.asarray(x[start : start + batch_size])).to(device)
             yb = torch.from_numpy(y[start : start + batch_size]).to(device)
             logits = model(xb)
             stop = start + len(yb)
             loss = nn.functional.cross_entropy(logits, yb, reduction="none")
             losses[start:stop] = loss.cpu().numpy()
             correct[start:stop] = (logits.argmax(1) == yb).cpu().numpy()
+
+    starts = range(0, len(y), batch_size)
+    if threads == 1 or device.type != "cpu" or len(starts) == 1:
+        for start in starts:
+            one_batch(start)
+    else:
+        # one intra-op thread in each pool thread too: OpenMP keeps the count per thread,
+        # and a new thread's default is every core
+        with intra_op_threads(1), ThreadPoolExecutor(
+                min(threads, len(starts)), initializer=torch.set_num_threads,
+                initargs=(1,)) as pool:
+            list(pool.map(one_batch, starts))  # raises a batch's error
     return SampleScores(losses, correct)
 
 
@@ -108,18 +130,20 @@ def evaluate(
     batch_size: int = EVAL_BATCH,
     *,
     device: torch.device | None = None,
+    threads: int = 1,
 ) -> Evaluation:
     """Evaluate weights ``w`` (``(d,)``) on ``x`` ``(n, C, H, W)``, ``y`` ``(n,)``, on
-    ``device`` (``None``: where the model's parameters are)."""
-    return sample_scores(model, w, x, y, batch_size, device=device).summary()
+    ``device`` (``None``: where the model's parameters are), ``threads`` batches at once
+    (:func:`sample_scores`)."""
+    return sample_scores(model, w, x, y, batch_size, device=device,
+                         threads=threads).summary()
 
 
 @contextmanager
 def intra_op_threads(n: int) -> Iterator[None]:
     """Torch's intra-op threads set to ``n`` (``>= 1``) inside the block, as before after
-    it. On the CPU the MNIST CNN's per-sample results on the test set were the same bit for
-    bit with 1 and 2 threads (tests/test_eval_subset.py); 2 threads took 0.37 s for the 10,000
-    test images against 0.58 s with one."""
+    it. (Results may depend on it in the last bits: evaluation takes its threads over
+    batches instead, :func:`sample_scores`.)"""
     if n < 1:
         raise ValueError(f"threads: got {n}; allowed: >= 1")
     before = torch.get_num_threads()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from aggregator.aggregate import global_update
-from aggregator.evaluate import Evaluation, evaluate, intra_op_threads, sample_scores
+from aggregator.evaluate import Evaluation, evaluate, sample_scores
 from aggregator.solver.calibration import smoothed_losses
 from aggregator.state import RunState
 from testbed.core.scheme_api import checked, scheme_of
@@ -92,20 +92,18 @@ def evaluations(
     )
     out: dict[str, float] = {}
     sub: Evaluation | None = None
-    with intra_op_threads(state.eval_threads):
-        if full:
-            data = state.data
-            scores = timer.timed(
-                "eval", lambda: sample_scores(state.model, state.w, data.x_test, data.y_test)
-            )
-            ev = scores.summary()
-            out["test_accuracy"], out["test_loss"] = ev.accuracy, ev.loss
-            if state.eval_index is not None:
-                sub = scores.summary(state.eval_index)
-        elif state.eval_index is not None:
-            sub = timer.timed(
-                "eval_subset", lambda: evaluate(state.model, state.w, state.x_sub, state.y_sub)
-            )
+    threads = state.eval_threads
+    if full:
+        data = state.data
+        scores = timer.timed("eval", lambda: sample_scores(
+            state.model, state.w, data.x_test, data.y_test, threads=threads))
+        ev = scores.summary()
+        out["test_accuracy"], out["test_loss"] = ev.accuracy, ev.loss
+        if state.eval_index is not None:
+            sub = scores.summary(state.eval_index)
+    elif state.eval_index is not None:
+        sub = timer.timed("eval_subset", lambda: evaluate(
+            state.model, state.w, state.x_sub, state.y_sub, threads=threads))
     if sub is not None:
         out["subset_accuracy"], out["subset_loss"] = sub.accuracy, sub.loss
     return out

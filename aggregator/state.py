@@ -62,9 +62,11 @@ class RunState:
     book
         The privacy book (ledger and accountants); ``None`` without DP.
     eval_threads
-        Intra-op threads of the evaluations (``torch_threads``; the cores of the training
-        workers too while a round's training runs in worker processes, which are idle while
-        the global model is evaluated: :func:`aggregator.round_close.evaluations`).
+        Threads of the evaluations, each evaluating its own batches on one intra-op thread
+        (:func:`aggregator.evaluate.sample_scores`: the same results as one thread):
+        ``torch_threads``, and the cores of the training workers too while a round's training
+        runs in worker processes, which are idle while the global model is evaluated
+        (:func:`aggregator.round_close.evaluations`).
     eval_index
         The fixed evaluation subset (test-set indices, ``(k,)``) or ``None``.
     """

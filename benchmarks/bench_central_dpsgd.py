@@ -59,7 +59,7 @@ def accuracy(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 
     correct = 0
     with torch.no_grad():
         for s in range(0, len(y), batch):
-            logits = model(torch.from_numpy(x[s : s + batch]))
+            logits = model(torch.from_numpy(np.asarray(x[s : s + batch])))
             correct += int((logits.argmax(1).numpy() == y[s : s + batch]).sum())
     model.train()
     return correct / len(y)

@@ -42,6 +42,7 @@ the OS CSPRNG.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -103,11 +104,30 @@ def _state(job: str, rounds: int, *, server: bool = False) -> dict[str, Any]:
     return _CACHE[key]
 
 
+def _float32_mapped(x: Any) -> np.ndarray:
+    """The training images as one ``float32`` array mapped from a file, which the job's
+    processes share: what the Flower side trained on before the testbed kept its images
+    coded (then the data cache held the float32 arrays), so that its memory is measured as
+    it was. Written once per data set (its sha256), atomically, in the temporary folder."""
+    from testbed.core.data.coded import CodedImages
+
+    if not isinstance(x, CodedImages):
+        return np.asarray(x, dtype=np.float32)
+    digest = hashlib.sha256(np.ascontiguousarray(x.codes).tobytes())
+    digest.update(x.lut.tobytes())
+    path = Path(tempfile.gettempdir()) / f"flower-job-images-{digest.hexdigest()[:24]}.npy"
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        np.save(tmp, np.asarray(x))
+        os.replace(tmp, path)
+    return np.load(path, mmap_mode="c")
+
+
 def _shard(st: dict[str, Any], i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training set as tensors (sharing the loaded arrays' memory, no copy) and device
     ``i``'s rows of it, as ``testbed run``'s devices index the one training set."""
     if "x" not in st:
-        st["x"] = torch.from_numpy(st["data"].x_train)
+        st["x"] = torch.from_numpy(_float32_mapped(st["data"].x_train))
         st["y"] = torch.from_numpy(st["data"].y_train)
     return st["x"], st["y"], torch.from_numpy(np.asarray(st["parts"][i], dtype=np.int64))
 

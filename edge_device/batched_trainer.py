@@ -47,6 +47,7 @@ from edge_device.trainer import (
     local_result,
     model_device,
 )
+from testbed.core.data.coded import CodedImages, float32_images
 
 #: Layers that draw random numbers in training.
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -100,14 +101,14 @@ class BatchedTrainer:
     def __init__(
         self,
         model: nn.Module,
-        x: np.ndarray,
+        x: np.ndarray | CodedImages,
         y: np.ndarray,
         *,
         device: torch.device | None = None,
     ) -> None:
         check_batchable(model)
         # the shared training set as tensors (no copy when already float32 / int64)
-        self.data = DeviceData(np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64))
+        self.data = DeviceData(float32_images(x), np.asarray(y, dtype=np.int64))
         self.device = model_device(model) if device is None else torch.device(device)
         self.model = model.to(self.device)
         self.names = [name for name, _ in model.named_parameters()]

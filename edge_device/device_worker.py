@@ -25,6 +25,7 @@ from edge_device.energy_meter import EnergyMeter, Measurement
 from edge_device.trainer import LocalTrainer
 from edge_device.uplink import EncodedUpload, UplinkEncoder, UplinkSettings
 from testbed.core.config.experiment import ExperimentConfig
+from testbed.core.data.coded import CodedImages
 from testbed.core.models import n_params
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.run_errors import TrainingDiverged
@@ -89,7 +90,7 @@ class LocalUpload:
 def make_trainer(
     cfg: ExperimentConfig,
     model: torch.nn.Module,
-    x: np.ndarray,
+    x: np.ndarray | CodedImages,
     y: np.ndarray,
     record: RecordSettings | None,
     index: np.ndarray | None = None,

@@ -62,6 +62,7 @@ from edge_device.laplace_noise import laplace_noise
 from edge_device.noise_ahead import NoiseAhead
 from edge_device.per_example import Backend, ClippedGradientSum
 from edge_device.trainer import DeviceData, LocalResult, model_device
+from testbed.core.data.coded import CodedImages, float32_images
 from testbed.core.models import get_flat, set_flat
 from testbed.core.noise import secure_bernoulli
 
@@ -159,7 +160,7 @@ class RecordTrainer:
     def __init__(
         self,
         model: nn.Module,
-        x: np.ndarray,
+        x: np.ndarray | CodedImages,
         y: np.ndarray,
         *,
         index: np.ndarray | None = None,
@@ -167,7 +168,7 @@ class RecordTrainer:
         device: torch.device | None = None,
     ) -> None:
         self.data = DeviceData(
-            np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64), index
+            float32_images(x), np.asarray(y, dtype=np.int64), index
         )
         self.device = model_device(model) if device is None else torch.device(device)
         self.model = model.to(self.device)

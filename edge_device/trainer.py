@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from testbed.core.data.coded import LEVELS, CodedImages
 from testbed.core.models import get_flat, set_flat
 
 
@@ -38,17 +39,28 @@ class DeviceData:
     Parameters
     ----------
     x, y
-        ``float32`` ``(n, C, H, W)`` and ``int64`` ``(n,)``: the device's samples, or (with
-        ``index``) the training set that every device's rows are taken from.
+        ``float32`` ``(n, C, H, W)`` (or the same images coded,
+        :class:`~testbed.core.data.coded.CodedImages`: each batch is gathered as codes and
+        decoded, the same float32 values) and ``int64`` ``(n,)``: the device's samples, or
+        (with ``index``) the training set that every device's rows are taken from.
     index
         ``None``, or ``int`` ``(D,)``: the device's rows of ``x`` and ``y``. The arrays are
         then never copied per device; each batch gathers its rows (``x[index[batch]]``).
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, index: np.ndarray | None = None) -> None:
+    def __init__(self, x: np.ndarray | CodedImages, y: np.ndarray,
+                 index: np.ndarray | None = None) -> None:
         if len(x) != len(y):
             raise ValueError(f"device data: {len(x)} images and {len(y)} labels")
-        self.x = torch.from_numpy(np.ascontiguousarray(x))
+        #: The images (``float32``), or their ``uint8`` codes (:meth:`_decode`).
+        self.x = torch.from_numpy(np.ascontiguousarray(
+            x.codes if isinstance(x, CodedImages) else x))
+        self._lut: torch.Tensor | None = None
+        if isinstance(x, CodedImages):  # code v of channel c: entry 256 c + v
+            self._lut = torch.from_numpy(np.ascontiguousarray(x.lut).reshape(-1))
+            channels = x.lut.shape[0]
+            self._offset = (torch.arange(channels, dtype=torch.int32) * LEVELS).view(
+                1, channels, *([1] * (self.x.dim() - 2)))
         self.y = torch.from_numpy(np.ascontiguousarray(y))
         self.index = None if index is None else torch.from_numpy(np.asarray(index, np.int64))
         if len(self) == 0:
@@ -67,13 +79,24 @@ class DeviceData:
         # index_select: the same gather as ``x[rows]``, without advanced indexing's overhead
         if self.index is not None:
             rows = self.index.index_select(0, rows)
-        return self.x.index_select(0, rows), self.y.index_select(0, rows)
+        return self._decode(self.x.index_select(0, rows)), self.y.index_select(0, rows)
 
     def span(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The device's samples ``start .. stop - 1`` (in its own order)."""
         if self.index is None:
-            return self.x[start:stop], self.y[start:stop]
+            return self._decode(self.x[start:stop]), self.y[start:stop]
         return self.batch(torch.arange(start, min(stop, len(self)), dtype=torch.int64))
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Gathered images as ``float32``: as they are, or codes looked up in the table (an
+        ``int32`` index_select, the fastest of the lookups measured: 52 us for 64 MNIST
+        images against 103 us for ``take`` and 9 us to gather float32 images)."""
+        if self._lut is None:
+            return x
+        codes = x.int()
+        if self._offset.numel() > 1:
+            codes += self._offset
+        return self._lut.index_select(0, codes.view(-1)).view(x.shape)
 
 
 def draw_minibatches(
@@ -126,7 +149,7 @@ class LocalTrainer:
     def __init__(
         self,
         model: nn.Module,
-        x: np.ndarray,
+        x: np.ndarray | CodedImages,
         y: np.ndarray,
         index: np.ndarray | None = None,
         *,

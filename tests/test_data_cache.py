@@ -13,6 +13,7 @@ import pytest
 
 from testbed.core.data import cache
 from testbed.core.data.cache import CACHE_ENV, cache_root, read_entry, write_entry
+from testbed.core.data.coded import CodedImages
 from testbed.core.data.datasets import Dataset, load_dataset, load_test_set
 from testbed.core.process_clock import process_age_s
 from tests.conftest import make_idx_dataset
@@ -21,11 +22,11 @@ SPLITS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def _same(a: Dataset, b: Dataset) -> None:
-    """Equal bit for bit: dtype, shape and bytes of every array."""
+    """Equal bit for bit: dtype, shape and bytes of every array (the images decoded)."""
     for key in SPLITS:
         x, y = getattr(a, key), getattr(b, key)
         assert x.dtype == y.dtype and x.shape == y.shape, key
-        assert x.tobytes() == y.tobytes(), key
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), key
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -68,10 +69,11 @@ def test_cached_equals_uncached_bit_for_bit(
     second = load_dataset("mnist", data_dir)  # read back, memory-mapped
     _same(plain, first)
     _same(plain, second)
-    assert _mapped(second.x_train) and _mapped(second.y_test)
-    assert type(second.x_train) is np.ndarray and second.x_train.flags.writeable
+    assert isinstance(second.x_train, CodedImages)  # the 8-bit codes and their table
+    assert _mapped(second.x_train.codes) and _mapped(second.y_test)
+    assert second.x_train.codes.flags.writeable
     # copy-on-write: a write stays in this process, the cached file keeps its bytes
-    second.x_train[0] = 7.0
+    second.x_train.codes[0] = 7
     _same(plain, load_dataset("mnist", data_dir))
 
 
@@ -94,7 +96,7 @@ def test_damaged_entry_is_detected_and_rebuilt(
     load_dataset("mnist", data_dir)
     manifest = next(p for p in _entries(folder) if "-train-" in p.name)
     stem = manifest.with_suffix("")
-    images = stem.with_name(f"{stem.name}.x.npy")
+    images = stem.with_name(f"{stem.name}.codes.npy")
     good = images.read_bytes()
     raw = bytearray(good)
     if damage == "flip":
@@ -156,7 +158,7 @@ def test_racing_writers_leave_one_intact_entry(
         _same(plain, data)
     names = sorted(p.name for p in (folder / "data").iterdir())
     assert not [n for n in names if n.startswith(".")]  # no temporary file left
-    assert len(names) == 6  # train and test: a manifest, images and labels each
+    assert len(names) == 8  # train and test: a manifest, image codes, their table, labels
 
 
 def test_write_then_read_any_arrays(tmp_path: Path) -> None:

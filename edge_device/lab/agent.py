@@ -70,6 +70,7 @@ from edge_device.lab.transmit import AirFactory, open_air, open_transmitter
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.curve_client import CurveClient
+from testbed.core.data.coded import take_rows
 from testbed.core.privacy_book import PrivacyBook
 from testbed.core.protocol import Message, ProtocolError, decode
 from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
@@ -237,7 +238,8 @@ class EdgeAgent:
         self.uplink, self.record = uplinks[self.device], record[self.device]
         meter = make_meter(cfg.energy.source, cfg.energy.e_comp_j)
         self.worker = DeviceWorker(
-            cfg, model, self.device, data.x_train[mine], data.y_train[mine], self.uplink,
+            cfg, model, self.device, take_rows(data.x_train, mine), data.y_train[mine],
+            self.uplink,
             self.record, msg["mask_secret"], meter, compute=compute.torch_device,
         )
         self.dataset_size = len(mine)

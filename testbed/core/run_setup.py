@@ -14,6 +14,7 @@ from testbed.core.channel_credit import calibration_config, credited_config
 from testbed.core.compute import resolve_device
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
+from testbed.core.data.coded import concatenate, take_rows
 from testbed.core.data.datasets import Dataset, load_dataset, load_test_set, load_train_shard
 from testbed.core.data.partition import iid_partition, noniid_partition
 from testbed.core.extensions import is_import_string, load_user_dataset
@@ -58,7 +59,7 @@ def _files_partition(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
     sizes = np.cumsum([0, *(len(s.y_train) for s in shards)])
     parts = [np.arange(sizes[i], sizes[i + 1]) for i in range(cfg.devices)]
     n_classes = max([test.n_classes, *(s.n_classes for s in shards)])
-    data = Dataset(test.name, np.concatenate([s.x_train for s in shards]),
+    data = Dataset(test.name, concatenate([s.x_train for s in shards]),
                    np.concatenate([s.y_train for s in shards]), test.x_test, test.y_test,
                    n_classes)
     return data, parts
@@ -81,10 +82,11 @@ def prepare_data(cfg: ExperimentConfig) -> tuple[Dataset, list[np.ndarray]]:
     x_train, y_train = data.x_train, data.y_train
     if cfg.train_samples is not None and cfg.train_samples < len(y_train):
         keep = np.sort(split_rng.choice(len(y_train), cfg.train_samples, replace=False))
-        x_train, y_train = x_train[keep], y_train[keep]
+        x_train, y_train = take_rows(x_train, keep), y_train[keep]
     x_test, y_test = data.x_test, data.y_test
     if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
-        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
+        x_test = take_rows(x_test, slice(None, cfg.eval_samples))
+        y_test = y_test[: cfg.eval_samples]
     data = Dataset(data.name, x_train, y_train, x_test, y_test, data.n_classes)
     if len(y_train) < cfg.devices:
         raise ValueError(f"devices: {cfg.devices} devices but only {len(y_train)} samples")
@@ -137,9 +139,10 @@ def prepare_test_data(cfg: ExperimentConfig) -> Dataset:
         data = load_test_set(cfg.dataset, cfg.resolved_data_dir())
     x_test, y_test = data.x_test, data.y_test
     if cfg.eval_samples is not None and cfg.eval_samples < len(y_test):
-        x_test, y_test = x_test[: cfg.eval_samples], y_test[: cfg.eval_samples]
-    empty_x = np.zeros((0, *x_test.shape[1:]), dtype=x_test.dtype)
-    return Dataset(data.name, empty_x, np.zeros(0, np.int64), x_test, y_test, data.n_classes)
+        x_test = take_rows(x_test, slice(None, cfg.eval_samples))
+        y_test = y_test[: cfg.eval_samples]
+    return Dataset(data.name, take_rows(x_test, slice(0, 0)), np.zeros(0, np.int64), x_test,
+                   y_test, data.n_classes)
 
 
 def initial_model(

@@ -2,19 +2,22 @@
 
 Nothing is downloaded: files are read from a directory the user provides (Fashion-MNIST
 defaults to Debian's ``dataset-fashion-mnist`` at ``/usr/share/datasets/fashion-mnist``).
-Each split, once normalised, is kept in the data cache (:mod:`testbed.core.data.cache`,
-keyed by its files' sha256) and memory-mapped from there by later runs.
+Each split is kept in the data cache (:mod:`testbed.core.data.cache`, keyed by its files'
+sha256) as its 8-bit pixel codes and a table of each code's normalised value
+(:mod:`testbed.core.data.coded`), and memory-mapped from there by later runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from testbed.core.data.cache import cached_arrays
 from testbed.core.data.cifar import TEST_BATCH, TRAIN_BATCHES, read_cifar_batch
+from testbed.core.data.coded import CodedImages, take_rows
 from testbed.core.data.idx import read_idx
 
 #: IDX file stems; each may appear as ``stem``, ``stem.gz`` or with ``-idx`` written ``.idx``.
@@ -45,8 +48,10 @@ class Dataset:
     ----------
     x_train, x_test
         ``float32``, shape ``(n, ...)``: ``(n, channels, height, width)`` normalised per
-        channel for the shipped image sets; any sample shape, as its loader returned it,
-        for a data set by import string (:mod:`testbed.core.extensions`).
+        channel for the shipped image sets, kept coded (:class:`CodedImages`: indexing
+        decodes the rows asked, ``np.asarray`` the whole array); any sample shape, as its
+        loader returned it, for a data set by import string
+        (:mod:`testbed.core.extensions`).
     y_train, y_test
         ``int64``, shape ``(n,)``.
     n_classes
@@ -55,9 +60,9 @@ class Dataset:
     """
 
     name: str
-    x_train: np.ndarray
+    x_train: np.ndarray | CodedImages
     y_train: np.ndarray
-    x_test: np.ndarray
+    x_test: np.ndarray | CodedImages
     y_test: np.ndarray
     n_classes: int = 10
 
@@ -173,20 +178,21 @@ def _load(name: str, data_dir: str | Path | None, splits: tuple[str, ...], *,
                    for split in ("train", "test") if split in splits}
     arrays = {split: _normalised_split(name, directory, split, sources[split])
               for split in ("train", "test") if split in splits}
-    shape = next(iter(arrays.values()))["x"].shape[1:]
+    read = next(iter(arrays.values()))["x"]
     # the splits not read: empty, of the same shape
-    empty = {"x": _normalise(np.zeros((0, *shape), dtype=np.uint8), name),
-             "y": np.zeros(0, dtype=np.int64)}
+    empty = {"x": take_rows(read, slice(0, 0)), "y": np.zeros(0, dtype=np.int64)}
     train, test = arrays.get("train", empty), arrays.get("test", empty)
     return Dataset(name=name, x_train=train["x"], y_train=train["y"], x_test=test["x"],
                    y_test=test["y"])
 
 
 def _normalised_split(name: str, directory: Path, split: str,
-                      files: list[Path]) -> dict[str, np.ndarray]:
+                      files: list[Path]) -> dict[str, Any]:
     """One split read from ``files`` (IDX: images, labels; CIFAR-10: its batches):
-    ``{"x": normalised float32 images, "y": int64 labels}``, through the data cache
-    (:mod:`testbed.core.data.cache`, keyed by the files' sha256 and :data:`NORMALISATION`).
+    ``{"x": the normalised images (coded: :class:`~testbed.core.data.coded.CodedImages`,
+    decoding to :func:`_normalise`'s float32 values), "y": int64 labels}``, through the data
+    cache (:mod:`testbed.core.data.cache`, keyed by the files' sha256 and
+    :data:`NORMALISATION`).
 
     Raises
     ------
@@ -203,8 +209,15 @@ def _normalised_split(name: str, directory: Path, split: str,
             x, y = read_idx(files[0])[:, None, :, :], read_idx(files[1])
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"{name}: image and label counts differ in '{directory}'")
-        return {"x": _normalise(x, name), "y": y.astype(np.int64)}
+        if x.dtype != np.uint8:  # not 8-bit pixels (an IDX file of another type): float32
+            return {"x": _normalise(x, name), "y": y.astype(np.int64)}
+        coded = CodedImages.of(np.ascontiguousarray(x), lambda v: _normalise(v, name))
+        return {"codes": coded.codes, "lut": coded.lut, "y": y.astype(np.int64)}
 
     mean, std = NORMALISATION[name]
-    params = {"dataset": name, "split": split, "mean": list(mean), "std": list(std)}
-    return cached_arrays(f"{name}-{split}", params, files, build)
+    params = {"dataset": name, "split": split, "mean": list(mean), "std": list(std),
+              "images": "uint8 codes and a float32 table per channel"}
+    arrays = cached_arrays(f"{name}-{split}-coded", params, files, build)
+    if "codes" not in arrays:
+        return arrays
+    return {"x": CodedImages(arrays["codes"], arrays["lut"]), "y": arrays["y"]}

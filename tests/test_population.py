@@ -17,6 +17,7 @@ from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.data.coded import CodedImages
 from testbed.core.models import build_model, get_flat
 from testbed.core.privacy import Ledger
 from testbed.core.record_schemes import resolve_record_uplinks
@@ -129,7 +130,8 @@ def test_trainers_read_index_rows_without_copying(tiny_overrides: list[str]) -> 
     model = build_model("logreg", (1, 28, 28), 0)
     w = get_flat(model)
     shared = LocalTrainer(model, x, y, p)
-    assert shared.data.x.data_ptr() == torch.from_numpy(x).data_ptr()  # the set, not a copy
+    assert isinstance(x, CodedImages)  # the shipped sets: kept as 8-bit codes
+    assert shared.data.x.data_ptr() == torch.from_numpy(x.codes).data_ptr()  # not a copy
     kw: dict[str, Any] = {"steps": 3, "batch_size": 16, "lr": 0.1}
     a = shared.train(w, rng=np.random.default_rng(5), **kw)
     b = LocalTrainer(model, x[p], y[p]).train(w, rng=np.random.default_rng(5), **kw)

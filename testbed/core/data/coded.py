@@ -82,6 +82,8 @@ class CodedImages:
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """``float32`` values of ``codes`` (``uint8``, ``(m, C, ...)``, this set's layout)."""
+        if self.lut.shape[0] == 1:  # one channel: a plain lookup (np.take, 4x fancy indexing)
+            return np.take(self.lut[0], codes)
         channel = np.arange(self.lut.shape[0], dtype=np.intp).reshape(
             1, -1, *([1] * (codes.ndim - 2)))
         return self.lut[channel, codes]

@@ -118,7 +118,8 @@ def _float32_mapped(x: Any) -> np.ndarray:
     path = Path(tempfile.gettempdir()) / f"flower-job-images-{digest.hexdigest()[:24]}.npy"
     if not path.exists():
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        np.save(tmp, np.asarray(x))
+        with tmp.open("wb") as fh:  # a file object: np.save adds no ".npy" to the name
+            np.save(fh, np.asarray(x))
         os.replace(tmp, path)
     return np.load(path, mmap_mode="c")
 
@@ -337,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     full = [e for e in evals if "test_accuracy" in e]
     if len(evals) != rounds or not full:
         raise RuntimeError(f"the simulation evaluated {len(evals)} of {rounds} rounds")
+    trained = len(RESULTS.get("train_loss", []))
+    if trained != rounds:  # a client that fails is left out of the round, without an error
+        raise RuntimeError(f"the simulation's clients returned results in {trained} of "
+                           f"{rounds} rounds (a client failed: see Flower's log above)")
     print(json.dumps({
         "job": args.job, "rounds": rounds, "parallel": args.parallel, "cpus_per_client": cpus,
         "final_accuracy": full[-1]["test_accuracy"],

@@ -158,8 +158,12 @@ def test_virtual_lab_run_with_clock_faults_a_late_burst_and_a_collision(tmp_path
     hw = _hw_copy(tmp_path, "virtual_lab", faults)
     resolved = load_hardware(str(hw))
     burst = burst_seconds(waveform_params(resolved), n_symbols_for(CNN_PARAMETERS))
-    # Back by one slot (its burst and about two guards): into device 0's window.
-    shift = -(burst + 2 * 3.5e-3)
+    # Back by half a slot less than one (its burst and about two guards): its frame starts in
+    # the middle of device 0's, in device 0's window. Not a whole slot: two preambles that
+    # start within two repetition periods are one detection candidate, the stronger kept, and
+    # whether device 1's was found then hung on the two edges' timing errors (a collision
+    # went unseen on a loaded host); half a frame apart each preamble is a candidate.
+    shift = -(burst + 2 * 3.5e-3) + burst / 2
     out = tmp_path / "lab"
     with _TreeWatch() as watch:
         code = launch(RECORD_CONFIG, 4, out, overrides=SETS, hw_overrides=[],

@@ -131,6 +131,7 @@ def _darkroom_copy(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow  # reason: 55 s of a whole darkroom lab; the lab config's fallback runs by default
 @pytest.mark.parametrize("name", ["darkroom"])
 def test_darkroom_lab_falls_back_to_its_rayleigh_channel(tmp_path: Path, name: str) -> None:
     """The bench's processes, each started on its own with ``--fallback emulate``: the

@@ -167,6 +167,7 @@ def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # reason: 37 s; the aggregator-kill resumes of this file run by default
 def test_edge_killed_in_the_last_round_reconciles_after_the_run_ended(tmp_path: Path) -> None:
     """Device 1 dies in the last round with its intent journalled; the run ends without it.
     Restarted against the finished run's aggregator (``--resume``), it gets ``finished``,

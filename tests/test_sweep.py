@@ -203,6 +203,7 @@ def test_cells_are_built_as_testbed_run_builds_them(tmp_path: Path) -> None:
 # --- a real 2 x 2 sweep on local Ray ------------------------------------------------------
 
 
+@pytest.mark.slow  # reason: 26 s of Ray; the failing-cell sweep of this file runs by default
 def test_sweep_runs_resumes_then_skips_and_leaves_no_process(
     tmp_path: Path, tiny_idx_dir: Path
 ) -> None:

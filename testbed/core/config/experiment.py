@@ -40,6 +40,7 @@ from testbed.core.config.sections import (
     PowerConfig,
     PrivacyConfig,
     _Strict,
+    int_or_auto,
 )
 from testbed.core.extensions import absolute_paths, check_import_syntax, is_import_string
 from testbed.core.scheme_api import check_scheme_class, split_scheme_import
@@ -315,14 +316,8 @@ class ExperimentConfig(_Strict):
     @field_validator("workers", mode="before")
     @classmethod
     def _workers_value(cls, v: Any) -> Any:
-        # One clear message instead of one error per member of the int | 'auto' union.
-        if isinstance(v, str) and v == "auto":
-            return v
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
-            raise ValueError(
-                "allowed: an integer 1-256 (worker processes) or 'auto' (the cores available)"
-            )
-        return v
+        return int_or_auto(
+            v, 256, "an integer 1-256 (worker processes) or 'auto' (the cores available)")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:

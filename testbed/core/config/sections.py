@@ -215,6 +215,17 @@ class EnergyConfig(_Strict):
     )
 
 
+def int_or_auto(v: Any, high: int, allowed: str) -> Any:
+    """A key's ``int | 'auto'`` value checked before pydantic's union (one clear message
+    instead of one error per member): ``'auto'``, or an integer in ``[1, high]``; else
+    ``ValueError`` saying ``allowed``."""
+    if isinstance(v, str) and v == "auto":
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
+        raise ValueError(f"allowed: {allowed}")
+    return v
+
+
 #: The values of ``compute.device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (N >= 0).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda|cuda:(0|[1-9][0-9]{0,3})")
 #: What ``compute.device`` allows, for error messages.
@@ -264,15 +275,9 @@ class ComputeConfig(_Strict):
     @field_validator("batch_devices", mode="before")
     @classmethod
     def _batch_devices_value(cls, v: Any) -> Any:
-        # One clear message instead of one error per member of the int | 'auto' union.
-        if isinstance(v, str) and v == "auto":
-            return v
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096:
-            raise ValueError(
-                "allowed: an integer 1-4096 (devices trained together) or 'auto' (250 at a "
-                "time where the result is the same bit for bit and it pays, else 1)"
-            )
-        return v
+        return int_or_auto(
+            v, 4096, "an integer 1-4096 (devices trained together) or 'auto' (250 at a time "
+            "where the result is the same bit for bit and it pays, else 1)")
 
     @field_validator("device", mode="before")
     @classmethod

@@ -145,11 +145,12 @@ def device_waveform(params: WaveformParams, device: int) -> WaveformParams:
     """``params`` with device ``device``'s own preamble root and pilot pattern.
 
     In a TDMA round every device's frame then carries a signature the receiver can tell
-    apart: a frame of another device found in a device's window is a collision
-    (:func:`radio.modem.preamble_found`), not that device's upload. ZC sequences of
-    different roots and a prime length ``L`` correlate to ``1/sqrt(L)`` (0.16 for 37),
-    far below the receiver's acceptance threshold. Devices ``k`` apart by a multiple of
-    the number of roots share a root (34 roots for the default length 37).
+    apart: another device's frame overlapping a device's is a collision
+    (:meth:`radio.slot_receiver.SlotReceiver.collisions`), not that device's upload. ZC
+    sequences of different roots and a prime length ``L`` correlate to ``1/sqrt(L)`` (0.16
+    for 37) per repetition, far below the receiver's acceptance threshold. Devices ``k``
+    apart by a multiple of the number of roots share a root (34 roots for the default
+    length 37) and cannot be told apart.
 
     Raises
     ------

@@ -207,18 +207,6 @@ def demodulate(
     return Demodulated(payload=payload, state=state, info=info)
 
 
-def preamble_found(params: WaveformParams, samples: np.ndarray) -> bool:
-    """Whether a frame of ``params`` (its preamble root) is in ``samples``: the receiver's
-    own detection and verification (repetition metric above
-    :data:`radio.sync.DETECTION_THRESHOLD`, correlation with this root's preamble at least
-    :data:`CORRELATION_THRESHOLD`)."""
-    try:
-        _lock(np.asarray(samples, dtype=np.complex128), params, pulse_taps(params))
-    except SyncError:
-        return False
-    return True
-
-
 def _least_residual_timing(
     interp: Interpolant, pilot_pos: np.ndarray, frac: np.ndarray, pilots: np.ndarray
 ) -> tuple[float, float]:

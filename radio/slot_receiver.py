@@ -24,7 +24,8 @@ from radio.flowgraph_process import FlowgraphError
 from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams, device_waveform
 from radio.link import LinkError, LinkFailed, Reception
-from radio.modem import frame_samples, preamble_found
+from radio.modem import frame_samples
+from radio.preamble_search import find_preambles
 from radio.tdma import Slot, schedule_window
 from radio.time_sync import OffsetEstimate
 from radio.uhd_probe import find_usrps
@@ -137,7 +138,16 @@ class SlotReceiver:
 
         Waits until the last window has been received. Returns ``{device: samples}``,
         ``complex128`` of shape ``(round((window_end - window_start) fs),)`` each, for
-        :meth:`decode`.
+        :meth:`decode`. Raises as :meth:`capture`.
+        """
+        capture, bounds = self.capture(slots, round_index=round_index, timeout_s=timeout_s)
+        return {d: capture[i0:i1].astype(np.complex128) for d, (i0, i1) in bounds.items()}
+
+    def capture(
+        self, slots: Sequence[Slot], *, round_index: int = 0, timeout_s: float = 5.0
+    ) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
+        """Capture the round's schedule once: the samples covering every slot's window and
+        each device's window in them, ``{device: (first, end)}`` (sample indices).
 
         Raises
         ------
@@ -176,12 +186,9 @@ class SlotReceiver:
             raise LinkFailed(f"{where} failed: {exc}") from exc
         except LinkError as exc:
             raise LinkError(f"{where}: capture lost: {exc}") from exc
-        out: dict[int, np.ndarray] = {}
-        for s in slots:
-            i0 = int(round((s.window_start_s - w0) * fs))
-            i1 = min(int(round((s.window_end_s - w0) * fs)), n)
-            out[s.device] = capture[i0:i1].astype(np.complex128)
-        return out
+        bounds = {s.device: (int(round((s.window_start_s - w0) * fs)),
+                             min(int(round((s.window_end_s - w0) * fs)), n)) for s in slots}
+        return capture, bounds
 
     def decode(
         self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
@@ -220,19 +227,55 @@ class SlotReceiver:
                                               **self._decoder_args)  # type: ignore[arg-type]
         return self._decoders[device]
 
-    def collision(self, window: np.ndarray, device: int, others: Sequence[int]) -> int | None:
-        """Another device of ``others`` whose frame (its own preamble root) is in
-        ``device``'s window, or ``None``: two transmitters in one slot."""
-        for other in others:
-            if other != device and preamble_found(device_waveform(self.waveform, other),
-                                                  window):
-                return other
-        return None
+    def collisions(
+        self, capture: np.ndarray, bounds: Mapping[int, tuple[int, int]],
+        n_payload: Mapping[int, int],
+    ) -> dict[int, int]:
+        """The devices whose frame another device's frame overlaps: ``{device: other}``.
+
+        Every device's preamble root is searched over the whole capture
+        (:func:`radio.preamble_search.find_preambles`: every position and frequency offset,
+        so two frames that start together, a weaker frame under a stronger one, and a late
+        frame whose preamble lies in the previous window are all found). A device's frame
+        is its own root's frame found starting in its window (its window where none is);
+        any other device's frame whose burst overlaps it is a collision: what the pilots
+        would count as noise is partly that device's signal. Devices that share a root
+        (:func:`radio.framing.device_roots`: ``k`` apart by a multiple of their number)
+        cannot be told apart, and are not checked against each other.
+
+        Parameters
+        ----------
+        capture
+            The round's samples, shape ``(n,)``.
+        bounds
+            Each device's window in ``capture``, ``{device: (first, end)}``.
+        n_payload
+            Each device's payload symbols (its frame's length).
+        """
+        root_of = {d: device_waveform(self.waveform, d).zc_root for d in bounds}
+        found = find_preambles(capture, self.waveform, set(root_of.values()))
+        sps = self.waveform.samples_per_symbol
+        edge = self.waveform.guard_symbols * sps  # zeros at each end of a burst
+        length = {root: max(frame_samples(self.waveform, n_payload[d])
+                            for d in root_of if root_of[d] == root)
+                  for root in set(root_of.values())}
+        bursts = [(f.root, f.start + edge, f.start + length[f.root] - edge) for f in found]
+        out: dict[int, int] = {}
+        for device, (i0, i1) in bounds.items():
+            own = root_of[device]
+            mine = [(a, b) for root, a, b in bursts if root == own and i0 <= a - edge < i1]
+            region = mine or [(i0, i1)]
+            for root, a, b in bursts:
+                if root != own and any(a < hi and lo < b for lo, hi in region):
+                    out[device] = min(d for d in root_of if root_of[d] == root)
+                    break
+        return out
 
     def receive_all(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0
     ) -> dict[int, Reception | LinkError]:
-        """:meth:`receive` then :meth:`decode` per device; a lost frame is its LinkError.
+        """:meth:`capture`, :meth:`collisions`, then :meth:`decode` per device; a lost frame
+        (a collision included) is its LinkError.
 
         Each reception's ``info`` also holds ``slot_start_s`` (when the burst was due,
         schedule time base) and ``timing_error_s``: where the frame was found in its window
@@ -241,16 +284,18 @@ class SlotReceiver:
         out: dict[int, Reception | LinkError] = {}
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
-        for device, window in self.receive(slots, round_index=round_index).items():
-            other = self.collision(window, device, list(by_device))
-            if other is not None:
+        capture, bounds = self.capture(slots, round_index=round_index)
+        collided = self.collisions(capture, bounds, n_payload)
+        for device, (i0, i1) in bounds.items():
+            if device in collided:
                 # Its frame overlaps another's: what the pilots would call noise is partly
                 # the other device's signal, and the decoded values are a mixture.
                 out[device] = LinkError(
                     f"usrp link (lab): device {device}, round {round_index}: frame lost in a "
-                    f"collision: device {other}'s frame is in device {device}'s slot"
+                    f"collision: device {collided[device]}'s frame overlaps device {device}'s"
                 )
                 continue
+            window = capture[i0:i1].astype(np.complex128)
             try:
                 rec = self.decode(window, n_payload[device], device=device,
                                   round_index=round_index)

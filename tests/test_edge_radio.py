@@ -388,37 +388,90 @@ def test_slot_receiver_cuts_each_devices_window_and_decodes_its_own_frame(hw_nam
     assert all(isinstance(r, Reception) for r in results.values())
 
 
-def test_two_frames_in_one_slot_are_a_collision_not_an_upload() -> None:
-    """Device 1 transmits in device 0's slot at the same time and power: with one preamble
-    for all, device 0's window decoded a mixture with a clean-looking SNR (measured through
-    the virtual air: 4.5 dB above its link budget) and credited the other's signal as
-    noise. With a preamble root per device the receiver finds device 1's frame in device
-    0's window and reports both lost (device 1's own window holds nothing)."""
+def _two_slot_capture(
+    bursts: dict[int, tuple[float, float]], n_payload: int = 800, devices: tuple[int, int] = (0, 1),
+) -> tuple[SlotReceiver, list, dict[int, np.ndarray], np.ndarray, _FakeRx, int]:
+    """Devices ``devices`` in two TDMA slots; ``bursts[d] = (start offset in samples from
+    the first slot's start, amplitude)`` places device ``d``'s frame in a noisy capture
+    (each with its own carrier offset and phase)."""
     hw = load_hardware("lab_ota")
     wf = waveform_params(hw)
     fs = wf.sample_rate_hz
     rng = np.random.default_rng(3)
-    roots = {device_waveform(wf, d).zc_root for d in range(20)}
-    assert len(roots) == 20 and wf.zc_root not in roots and wf.postamble_root not in roots
-    x = {d: modulate(device_waveform(wf, d), unit_payload(800, rng))[0] for d in (0, 1)}
+    x = {d: modulate(device_waveform(wf, d), unit_payload(n_payload, rng))[0] for d in devices}
     guard = slot_guard_s(1e-3, hw.usrp.time_source)
-    slots = tdma_schedule([0, 1], x[0].size / fs, guard, start_s=90.05)
+    slots = tdma_schedule(list(devices), x[devices[0]].size / fs, guard, start_s=90.05)
     n = int((slots[-1].window_end_s - 90.0 + 0.05) * fs)
     capture = 0.03 * (rng.standard_normal(n) + 1j * rng.standard_normal(n))
     i0 = int(round((slots[0].start_s - 90.0) * fs))
-    for d, phase in ((0, 1.0), (1, np.exp(0.7j))):  # both at device 0's slot start
-        capture[i0:i0 + x[d].size] += 0.8 * phase * x[d]
+    for d, (shift, amplitude) in bursts.items():
+        k = np.arange(x[d].size)
+        cfo = 900.0 if d == devices[0] else -1300.0
+        capture[i0 + shift:i0 + shift + x[d].size] += (
+            amplitude * np.exp(1j * (0.7 * d + 2 * np.pi * cfo * k / fs)) * x[d])
     clock = _Clock(100.0)
     rx = _FakeRx(capture.astype(np.complex64), 0.0, fs, clock, -90.0)  # USRP = host - 90
     receiver = SlotReceiver(receiver_radio(hw), wf, clock=clock, stream=rx)
+    return receiver, slots, x, capture, rx, i0
+
+
+@pytest.mark.parametrize(("periods", "db"), [(0.0, 0.0), (0.5, 0.0), (1.5, -3.0), (2.5, 0.0),
+                                             (20.0, -3.0)])
+def test_two_frames_in_one_slot_are_a_collision_not_an_upload(periods: float, db: float) -> None:
+    """Device 1 transmits in device 0's slot, starting ``periods`` preamble repetitions after
+    it, ``db`` below it. With one preamble for all, device 0's window decoded a mixture with
+    a clean-looking SNR (measured through the virtual air: 4.5 dB above its link budget)
+    and credited the other's signal as noise. With a preamble root per device the receiver
+    finds device 1's frame over device 0's and reports device 0's upload lost (device 1's own
+    window holds nothing). Before the search covered every position, a frame starting
+    within two repetitions of a stronger one was not a candidate of its own and went unseen
+    (1.5 periods at -6 dB, and any weaker frame over the other's payload)."""
+    wf = waveform_params(load_hardware("lab_ota"))
+    shift = int(periods * wf.zc_length * wf.samples_per_symbol)
+    receiver, slots, x, capture, rx, i0 = _two_slot_capture(
+        {0: (0, 0.8), 1: (shift, 0.8 * 10 ** (db / 20))})
     out = receiver.receive_all(slots, {0: 800, 1: 800}, round_index=5)
     assert isinstance(out[0], LinkError) and "collision: device 1's frame" in str(out[0])
     assert isinstance(out[1], LinkError) and "lost" in str(out[1])
     # Alone in its slot, the same frame is device 0's upload.
-    capture[i0:i0 + x[1].size] -= 0.8 * np.exp(0.7j) * x[1]
-    rx.capture = capture.astype(np.complex64)
-    alone = receiver.receive_all(slots[:1], {0: 800}, round_index=5)
-    assert isinstance(alone[0], Reception)
+    alone, *_ = _two_slot_capture({0: (0, 0.8)})
+    assert isinstance(alone.receive_all(slots[:1], {0: 800}, round_index=5)[0], Reception)
+
+
+def test_a_late_frame_over_the_next_devices_is_a_collision_for_both() -> None:
+    """Device 0's burst is late by more than the guard: its preamble is in its own window,
+    its tail over device 1's frame in the next one. Device 1's window holds no other
+    preamble, so a search of each window alone (as before) missed it; device 1's upload is
+    a collision, device 0's frame runs out of its window (lost)."""
+    receiver, slots, x, *_ = _two_slot_capture({0: (0, 0.8), 1: (0, 0.8)})
+    fs = receiver.waveform.sample_rate_hz
+    gap = int(round((slots[1].start_s - slots[0].start_s) * fs))
+    guard = int(round(slots[1].guard_s * fs))
+    # Device 0's preamble ends before device 1's window opens; its last 2,500 samples
+    # lie over device 1's frame.
+    late = gap - x[0].size + 2500
+    wf = receiver.waveform
+    assert late + (wf.guard_symbols + wf.preamble.size) * wf.samples_per_symbol < gap - guard
+    receiver, slots, *_ = _two_slot_capture({0: (late, 0.8), 1: (gap, 0.8)})
+    out = receiver.receive_all(slots, {0: 800, 1: 800}, round_index=2)
+    assert isinstance(out[1], LinkError) and "collision: device 0's frame" in str(out[1])
+    assert isinstance(out[0], LinkError)
+    on_time, slots, *_ = _two_slot_capture({0: (0, 0.8), 1: (gap, 0.8)})
+    assert all(isinstance(r, Reception)
+               for r in on_time.receive_all(slots, {0: 800, 1: 800}, round_index=2).values())
+
+
+def test_devices_that_share_a_root_are_not_a_collision() -> None:
+    """Devices 0 and 34 share a preamble root (34 roots for length 37). Each on time in its
+    own slot: before, device 0's window held 'device 34's frame' (its own) and every device
+    of a round of more than 34 was lost."""
+    assert device_waveform(waveform_params(load_hardware("lab_ota")), 34).zc_root == \
+        device_waveform(waveform_params(load_hardware("lab_ota")), 0).zc_root
+    receiver, slots, x, *_ = _two_slot_capture({0: (0, 0.8)}, devices=(0, 34))
+    gap = int(round((slots[1].start_s - slots[0].start_s) * receiver.waveform.sample_rate_hz))
+    receiver, slots, *_ = _two_slot_capture({0: (0, 0.8), 34: (gap, 0.8)}, devices=(0, 34))
+    out = receiver.receive_all(slots, {0: 800, 34: 800}, round_index=1)
+    assert all(isinstance(r, Reception) for r in out.values()), out
 
 
 def test_slot_receiver_reports_a_lost_frame_per_device_and_refuses_long_schedules() -> None:

@@ -1,0 +1,265 @@
+"""Every frame of a set of preamble roots in one capture: the TDMA receiver's collision check.
+
+The receiver's own frame search (:func:`radio.sync.coarse_sync`, then correlation) looks for
+*one* frame and keeps the strongest repetition peak: a second frame that starts within two
+repetition periods of a stronger one is not a candidate of its own, and a frame 6 dB below
+another one overlapping it scores under the detection threshold. Used to tell whether another
+device's frame is in a device's window, it missed exactly the collisions that matter (two
+bursts on top of each other), and the pilots then counted the other device's signal as noise.
+
+This module searches the whole capture for each root's preamble at every position and every
+frequency offset the receiver accepts:
+
+* the capture is frequency-corrected at :data:`COARSE_STEPS` offsets across the receiver's
+  range ``+- fs / (2 P)`` (``P``: samples per repetition) and matched-filtered;
+* each root's one-period correlation ``c(tau)`` is computed for every lag at once (FFT);
+* the ``R`` repetitions are combined coherently, ``sum_k c(tau + k P) exp(-j 2 pi f k P / fs)``,
+  at :data:`FINE_STEPS` residual offsets around each coarse one, so that the residual phase
+  ramp over the whole preamble stays under a quarter turn;
+* normalised by the energy under the preamble, the statistic ``rho`` is 1 for a clean frame,
+  about ``sqrt(P_1 / P_total)`` for a frame of power ``P_1`` among others, and on anything
+  else (noise, payload) has ``P(rho > t) = (1 - t^2)^(R L - 1)`` per position and offset
+  (``L``: sequence length; ``rho^2`` is Beta(1, R L - 1) there).
+
+The threshold (:func:`detection_threshold`) keeps the expected number of false detections in
+one search below :data:`FALSE_ALARM`, counting every lag, offset and root searched. A false
+detection costs one upload (it is reported as a collision); a missed one would credit
+another device's signal as noise, so the search errs towards the former.
+Derivation and the limits (how weak a colliding frame can be and still be found) in
+``docs/radio.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from radio.framing import WaveformParams, zadoff_chu
+from radio.modem import pulse_taps
+from radio.pulse import matched_filter
+from radio.sync import correct_cfo
+
+#: Coarse frequency hypotheses across the receiver's range ``+- fs / (2 P)``: the capture is
+#: corrected at each, leaving at most ``fs / (2 P COARSE_STEPS)`` within one repetition (a
+#: sixth of a turn over it for 3).
+COARSE_STEPS = 3
+#: Residual offsets combined around each coarse one (odd).
+FINE_STEPS = 5
+#: Lags per FFT block (the capture is searched block by block: FFTs stay in cache and the
+#: cost linear in its length).
+_BLOCK_LAGS = 1 << 14
+#: Expected false detections per search (all lags, offsets and roots together).
+FALSE_ALARM = 1e-5
+#: Where a stronger frame of another root (or the postamble) is within a preamble's length,
+#: ``rho`` must reach this: one Zadoff-Chu sequence correlates with another to exactly
+#: ``1/sqrt(L)`` only at whole-symbol lags and no frequency offset. At fractional lags,
+#: across a repetition's edge and under an offset, the leak measured up to 0.39 (all 34 x 33
+#: root pairs of length 37, random offsets and payloads: ``tests/test_preamble_search.py``),
+#: above the threshold's 0.39-0.42 for one round's capture.
+CROSSTALK_RHO = 0.45
+
+
+@dataclass(frozen=True)
+class FoundPreamble:
+    """One frame's preamble found in a capture.
+
+    Attributes
+    ----------
+    root
+        Its Zadoff-Chu root.
+    start
+        Sample index in the capture where its frame's burst starts (the first guard symbol,
+        as :func:`radio.modem.modulate` lays it out).
+    rho
+        The detection statistic there, in ``[0, 1]``.
+    cfo_hz
+        The frequency offset hypothesis that scored it (Hz).
+    """
+
+    root: int
+    start: int
+    rho: float
+    cfo_hz: float
+
+
+def detection_threshold(params: WaveformParams, n_samples: int, n_roots: int) -> float:
+    """The ``rho`` a frame must reach: ``sqrt(1 - (FALSE_ALARM / tests) ** (1 / (R L - 1)))``.
+
+    ``tests`` counts every lag of an ``n_samples`` capture (the search's; the symbol-spaced
+    ones alone are the independent ones, but the measured tail was heavier), times the
+    frequency hypotheses and ``n_roots``. On circular Gaussian samples ``rho^2`` is
+    Beta(1, R L - 1) at each (the squared cosine between a random vector of ``C^(R L)``
+    and a fixed one), so each exceeds ``t`` with probability ``(1 - t^2)^(R L - 1)`` and the
+    expected count of false detections is at most ``FALSE_ALARM`` (union bound).
+    """
+    tests = max(n_samples, 1) * COARSE_STEPS * FINE_STEPS
+    tests *= max(n_roots, 1)
+    known = params.zc_length * params.preamble_repeats
+    return math.sqrt(1.0 - (FALSE_ALARM / tests) ** (1.0 / (known - 1)))
+
+
+def false_alarm_probability(params: WaveformParams, threshold: float) -> float:
+    """``P(rho > threshold)`` at one position and hypothesis on circular Gaussian samples:
+    ``(1 - t^2)^(R L - 1)``."""
+    known = params.zc_length * params.preamble_repeats
+    return float((1.0 - min(threshold, 1.0) ** 2) ** (known - 1))
+
+
+def preamble_statistic(
+    samples: np.ndarray, params: WaveformParams, roots: Iterable[int],
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The detection statistic of each root at every lag, best over the frequency hypotheses.
+
+    Parameters
+    ----------
+    samples
+        Received complex baseband samples, shape ``(n,)``.
+    params
+        The waveform (its ``zc_root`` is ignored: ``roots`` are searched).
+    roots
+        Zadoff-Chu roots.
+
+    Returns
+    -------
+    dict
+        ``{root: (rho, cfo_hz)}``, each of shape ``(n_lag,)``: ``rho[tau]`` in ``[0, 1]`` for
+        a preamble whose first symbol peaks at matched-filter sample ``tau``, and the coarse
+        frequency hypothesis that scored it (Hz). Empty arrays where ``samples`` is shorter
+        than one preamble.
+    """
+    root_list = sorted(set(int(r) for r in roots))
+    r = np.asarray(samples, dtype=np.complex128)
+    sps = params.samples_per_symbol
+    L = params.zc_length
+    R = params.preamble_repeats
+    period = L * sps
+    span = (L - 1) * sps + 1  # one repetition's symbols, in samples
+    taps = pulse_taps(params)
+    n_lag = r.size + taps.size - 1 - (R - 1) * period - span + 1
+    out = {root: (np.zeros(max(n_lag, 0)), np.zeros(max(n_lag, 0))) for root in root_list}
+    if n_lag <= 0 or not root_list:
+        return out
+    fs = params.sample_rate_hz
+    coarse_range = fs / (2 * period)
+    coarse = np.linspace(-coarse_range, coarse_range, 2 * COARSE_STEPS + 1)[1::2]
+    fine_half = coarse_range / COARSE_STEPS
+    fine = np.linspace(-fine_half, fine_half, FINE_STEPS)
+    combine = np.exp(-2j * np.pi * np.outer(fine, np.arange(R)) * period / fs)  # (F, R)
+    tail = (R - 1) * period + span - 1  # samples past a lag that its statistic reads
+    nfft = _fft_size(min(n_lag, _BLOCK_LAGS) + tail)
+    block = nfft - tail
+    ref_spectra = {}
+    for root in root_list:
+        ref = np.zeros(span, dtype=np.complex128)
+        ref[::sps] = zadoff_chu(L, root)
+        ref_spectra[root] = np.conj(np.fft.fft(ref, nfft))
+    best2 = {root: np.zeros(n_lag) for root in root_list}
+    for f0 in coarse:
+        mf = matched_filter(correct_cfo(r, float(f0), fs), taps)
+        # R L |X|^2 / rho^2: the energy under the R L preamble symbols at each lag
+        norm = (R * L) * _strided_sums(np.abs(mf) ** 2, sps, R * L)[:n_lag]
+        inv = 1.0 / np.maximum(norm, 1e-300)
+        for a in range(0, n_lag, block):
+            b = min(block, n_lag - a)
+            spectrum = np.fft.fft(mf[a : a + b + tail], nfft)
+            for root, ref_spectrum in ref_spectra.items():
+                c = np.fft.ifft(spectrum * ref_spectrum)
+                x2 = None
+                for weights in combine:
+                    x = weights[0] * c[:b]
+                    for k in range(1, R):
+                        x += weights[k] * c[k * period : k * period + b]
+                    m2 = x.real**2 + x.imag**2
+                    x2 = m2 if x2 is None else np.maximum(x2, m2, out=x2)
+                assert x2 is not None
+                rho2 = x2 * inv[a : a + b]
+                best, at = best2[root][a : a + b], out[root][1][a : a + b]
+                better = rho2 > best
+                best[better] = rho2[better]
+                at[better] = f0
+    for root in root_list:
+        out[root][0][:] = np.sqrt(np.minimum(best2[root], 1.0))
+    return out
+
+
+def _strided_sums(x: np.ndarray, step: int, count: int) -> np.ndarray:
+    """``out[i] = sum_{m < count} x[i + m step]`` for every ``i`` with the last term inside
+    ``x``, shape ``(x.size - (count - 1) step,)``."""
+    n = x.size - (count - 1) * step
+    rows = -(-x.size // step)
+    padded = np.zeros(rows * step)
+    padded[: x.size] = x
+    c = np.zeros((rows + 1, step))
+    np.cumsum(padded.reshape(rows, step), axis=0, out=c[1:])
+    flat = c.reshape(-1)  # flat[i] = sum of x[j] for j < i with j = i (mod step)
+    return flat[count * step : count * step + n] - flat[:n]
+
+
+def find_preambles(
+    samples: np.ndarray, params: WaveformParams, roots: Iterable[int],
+    threshold: float | None = None,
+) -> list[FoundPreamble]:
+    """Every frame of each root in ``roots`` whose preamble lies whole in ``samples``.
+
+    Parameters
+    ----------
+    samples
+        Received complex baseband samples, shape ``(n,)``.
+    params
+        The waveform (its ``zc_root`` is ignored: ``roots`` are searched).
+    roots
+        Zadoff-Chu roots to look for.
+    threshold
+        Minimum ``rho``; default :func:`detection_threshold` for this search.
+
+    Returns
+    -------
+    list[FoundPreamble]
+        One per frame found, ordered by root then position. Positions of one root closer
+        than a preamble's length are one frame (the best kept).
+    """
+    wanted = sorted(set(int(r) for r in roots))
+    # The postamble's root is searched too: its repetitions leak into other roots as a
+    # preamble does (see CROSSTALK_RHO), so where it is must be known.
+    stats = preamble_statistic(samples, params, [*wanted, params.postamble_root])
+    n = int(np.asarray(samples).size)
+    t = detection_threshold(params, n, len(wanted)) if threshold is None else threshold
+    sps = params.samples_per_symbol
+    delay = (pulse_taps(params).size - 1) // 2
+    width = params.preamble_repeats * params.zc_length * sps
+    peaks = [(root, tau, value, float(cfo[tau]))
+             for root, (rho, cfo) in stats.items()
+             for tau, value in _peaks(rho, min(t, CROSSTALK_RHO), width)]
+    found = []
+    for root, tau, value, cfo_hz in peaks:
+        if root not in wanted or value < t:
+            continue
+        leak = any(other != root and abs(at - tau) <= width and v >= value
+                   for other, at, v, _ in peaks)
+        if leak and value < CROSSTALK_RHO:
+            continue  # explained by a stronger frame's sequence next to it
+        # mf lag of the first preamble symbol -> first sample of the burst
+        start = tau - 2 * delay - params.guard_symbols * sps
+        found.append(FoundPreamble(root=root, start=int(start), rho=value, cfo_hz=cfo_hz))
+    return found
+
+
+def _fft_size(n: int) -> int:
+    return 1 << max(int(n - 1).bit_length(), 1)
+
+
+def _peaks(rho: np.ndarray, threshold: float, width: int) -> list[tuple[int, float]]:
+    """The largest ``rho`` of each run of positions above ``threshold`` (runs closer than
+    ``width`` are one)."""
+    above = np.flatnonzero(rho >= threshold)
+    if above.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(above) > width) + 1
+    out = []
+    for run in np.split(above, breaks):
+        k = int(run[np.argmax(rho[run])])
+        out.append((k, float(rho[k])))
+    return out

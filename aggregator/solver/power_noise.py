@@ -92,7 +92,9 @@ class _Terms:
         self.bmax = bmax
         self.top = bmax if self.slope2 > 0 else np.minimum(bmax, self.b0)
 
-    def b_of(self, lam: float) -> np.ndarray:
+    def b_of(self, lam: float | np.ndarray) -> np.ndarray:
+        """``b`` at multiplier ``lam``: shape ``(N,)``, or ``(M, N)`` for ``lam`` of shape
+        ``(M, 1)``."""
         r1 = np.sqrt(lam * self.n / self.z2)
         if self.slope2 > 0:
             r2 = np.sqrt(lam * self.n * self.slope2 / self.w2)
@@ -171,14 +173,16 @@ def solve_power_noise(
     g_top = float(np.sum(terms.g_of(b_top)))
     if not budget > 0 or g_top > budget * (1.0 + 1e-12):
         return _solution(terms, b_top, np.inf, feasible=False)
-    # Bisection over the sorted breakpoints: first index whose G is within budget.
+    # Bisection over the sorted breakpoints: first index whose G is within budget (G at
+    # every breakpoint in one evaluation, each row the same operations as one lam alone).
+    g_at = np.sum(terms.g_of(terms.b_of(bp[:, None])), axis=-1)
     lo, hi = 0, bp.size - 1
-    if float(np.sum(terms.g_of(terms.b_of(float(bp[hi]))))) > budget:
+    if float(g_at[hi]) > budget:
         lo = hi + 1  # only the last (unbounded) piece fits: lam > bp[-1], all clamped
     else:
         while lo < hi:
             mid = (lo + hi) // 2
-            if float(np.sum(terms.g_of(terms.b_of(float(bp[mid]))))) <= budget:
+            if float(g_at[mid]) <= budget:
                 hi = mid
             else:
                 lo = mid + 1

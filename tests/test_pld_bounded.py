@@ -173,3 +173,23 @@ def test_the_tail_search_stops_where_the_loop_does() -> None:
                 mine = pld_bounded._truncate_tails(probs.copy(), 2 * threshold, True)
                 assert mine[0] == offset and mine[2] == right
                 assert mine[1].tobytes() == kept.tobytes()
+
+
+def test_the_convolution_is_scipys_bit_for_bit_and_its_held_spectrum_follows_the_values(
+) -> None:
+    """_fft_convolve against scipy.signal.fftconvolve: lengths 1 (scipy's plain product),
+    integer arrays (transformed as float64), a second argument seen before (its spectrum
+    reused) and the same array changed in place (not reused)."""
+    from scipy import signal
+
+    rng = np.random.default_rng(5)
+    for dtype in (np.int64, np.float64):
+        for _ in range(60):
+            a = (rng.random(int(rng.integers(1, 400))) * 4).astype(dtype)
+            b = rng.random(int(rng.integers(1, 400)))
+            for x, y in ((a, b), (b, a), (a, b), (b, b)):
+                mine, theirs = pld_bounded._fft_convolve(x, y), signal.fftconvolve(x, y)
+                assert mine.dtype == theirs.dtype and mine.tobytes() == theirs.tobytes()
+            b[-1] += 0.5
+            assert (pld_bounded._fft_convolve(a, b).tobytes()
+                    == signal.fftconvolve(a, b).tobytes())

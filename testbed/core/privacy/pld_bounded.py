@@ -128,7 +128,6 @@ def _compose_pmfs(p1: Any, p2: Any, tail_mass_truncation: float) -> Any:
     """``dp_accounting.pld.pld_pmf.compose_pmfs``; dense PMFs as ``DensePLDPmf.compose``
     with :func:`_truncate_tails` (small sparse ones are left to ``dp_accounting``)."""
     from dp_accounting.pld import pld_pmf
-    from scipy import signal
 
     if (isinstance(p1, pld_pmf.SparsePLDPmf) and isinstance(p2, pld_pmf.SparsePLDPmf)
             and p1.size * p2.size <= pld_pmf._MAX_PMF_SPARSE_SIZE):
@@ -136,13 +135,48 @@ def _compose_pmfs(p1: Any, p2: Any, tail_mass_truncation: float) -> Any:
     p1, p2 = p1.to_dense_pmf(), p2.to_dense_pmf()
     p1.validate_composable(p2)
     lower_loss = p1._lower_loss + p2._lower_loss
-    probs = signal.fftconvolve(p1._probs, p2._probs)
+    probs = _fft_convolve(p1._probs, p2._probs)
     infinity_mass = (p1._infinity_mass + p2._infinity_mass
                      - p1._infinity_mass * p2._infinity_mass)
     offset, probs, right_tail = _truncate_tails(probs, tail_mass_truncation,
                                                 p1._pessimistic_estimate)
     return pld_pmf.DensePLDPmf(p1._discretization, lower_loss + offset, probs,
                                infinity_mass + right_tail, p1._pessimistic_estimate)
+
+
+def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``scipy.signal.fftconvolve(a, b)`` of two real 1-d arrays, bit for bit: the same
+    ``rfftn`` / ``irfftn`` of scipy's next fast length, the same product, without its
+    argument handling. ``b``'s spectrum is reused when ``b`` holds exactly the values of
+    one held before (compared in full): a replay composes one event's PLD onto a growing
+    state, round after round."""
+    from scipy import fft as sp_fft
+
+    if a.size == 1 or b.size == 1:  # as scipy: no axis to transform, the plain product
+        return a * b
+    if a.dtype.kind in "iu":  # as scipy: integer arrays are transformed as float64
+        a = a.astype(np.float64)
+    if b.dtype.kind in "iu":
+        b = b.astype(np.float64)
+    n = a.size + b.size - 1
+    nfft = sp_fft.next_fast_len(n, True)
+    key = (b.size, nfft, b.dtype.str)
+    held = _SPECTRA.get(key)
+    if held is not None and np.array_equal(held[0], b):
+        spectrum_b = held[1]
+    else:
+        spectrum_b = sp_fft.rfftn(b, [nfft], axes=[0])
+        if len(_SPECTRA) >= _SPECTRA_HELD:
+            _SPECTRA.pop(next(iter(_SPECTRA)))
+        _SPECTRA[key] = (b.copy(), spectrum_b)
+    out = sp_fft.irfftn(sp_fft.rfftn(a, [nfft], axes=[0]) * spectrum_b, [nfft], axes=[0])
+    return out[:n]
+
+
+#: Spectra :func:`_fft_convolve` computed for its second argument, by ``(size, FFT size,
+#: dtype)``, each with a copy of the values it is the spectrum of; the oldest goes first.
+_SPECTRA: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
+_SPECTRA_HELD = 8
 
 
 def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float,

@@ -28,8 +28,10 @@ from tests.radio_helpers import require_gnuradio
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "testbed" / "config" / "aircomp-fedsgd.yaml")
 HW = str(ROOT / "hw_configs" / "virtual_lab_aircomp.yaml")
-#: 4 devices, 3 rounds; the pilots' expected SNR is the weakest path's (15 dB).
-SETS = ["rounds=3", "eval_every=3", "train_samples=8000", "eval_samples=300", "snr_db=15"]
+#: 4 devices, 2 rounds; the pilots' expected SNR is the weakest path's (15 dB).
+ROUNDS = 2
+SETS = [f"rounds={ROUNDS}", f"eval_every={ROUNDS}", "train_samples=8000", "eval_samples=300",
+        "snr_db=15"]
 #: The virtual air's Es/N0 per device (20 dBm through 116, 117, 118, 121 dB of path loss).
 BUDGET_SNR_DB = [20.0, 19.0, 18.0, 15.0]
 
@@ -51,14 +53,14 @@ def test_aircomp_over_the_virtual_air_with_a_shared_reference(tmp_path: Path) ->
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["link"] == "usrp", summary["status"]
     metrics = _lines(run / "metrics.jsonl")
-    assert len(metrics) == 3
+    assert len(metrics) == ROUNDS
     bursts = [b for b in _lines(out / "air" / "air.jsonl") if "serial" in b]
     slot_bursts = [b for b in bursts if b["overlaps"]]
     pilot_bursts = [b for b in bursts if not b["overlaps"]]
     # per round: four pilots, each alone; four frames at one instant, each over the others
-    assert len(pilot_bursts) == 12 and len(slot_bursts) == 12, bursts
+    assert len(pilot_bursts) == 4 * ROUNDS and len(slot_bursts) == 4 * ROUNDS, bursts
     starts = sorted({round(b["t_true_s"], 6) for b in slot_bursts})
-    assert len(starts) == 3, starts  # one slot per round
+    assert len(starts) == ROUNDS, starts  # one slot per round
     for b in slot_bursts:
         assert sorted([b["serial"], *b["overlaps"]]) == [f"edge{i}" for i in range(4)]
     lab_probe = []
@@ -77,11 +79,11 @@ def test_aircomp_over_the_virtual_air_with_a_shared_reference(tmp_path: Path) ->
     lab_db, sym_db = (10 * math.log10(float(np.mean(v))) for v in (lab_probe, sym_probe))
     assert abs(lab_db - sym_db) <= 3.0, (lab_db, sym_db)  # measured: -21.0 and -20.9 dB
     events = [e for e in _lines(run / "ledger.jsonl") if e.get("type") == "record-aircomp/v1"]
-    assert len(events) == 12
+    assert len(events) == 4 * ROUNDS
     assert all(len(e["others_noise_std"]) == 3 and e["gain_ratio_upper"] > 1 for e in events)
     assert_ledgers_agree(run, {i: out / f"edge-{i}" for i in range(4)})
     for dev in summary["privacy"]["devices"]:
-        assert dev["uploads"] == 3 and dev["epsilon"] <= 5.0
+        assert dev["uploads"] == ROUNDS and dev["epsilon"] <= 5.0
         assert dev["epsilon_all_colluding"] > dev["epsilon"]
     assert not processes_mentioning(str(out))
 

@@ -13,6 +13,7 @@ with probability ``1 - a'`` for ``q = -ln a'``; a union bound over the ``B`` blo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,15 +98,21 @@ class OffFrameNoise:
 
     Attributes
     ----------
-    noise_var, noise_var_lower
-        Point estimate and lower confidence bound (symbol-power units).
+    noise_var
+        Point estimate over both sides (symbol-power units).
+    noise_var_lower
+        Lower confidence bound: the least of the bound over both sides and the bound of each
+        side that holds :data:`MIN_OFF_FRAME_SAMPLES` samples.
     samples
         Independent samples used (``m``: ``2 sum |x|^2 / N0 ~ chi2(2 m)``).
+    side_noise_var
+        Point estimates before and after the frame (``nan``: too few samples there).
     """
 
     noise_var: float
     noise_var_lower: float
     samples: int
+    side_noise_var: tuple[float, float] = (math.nan, math.nan)
 
 
 def off_frame_noise(mf: np.ndarray, first_peak: float, last_peak: float, sps: int,
@@ -118,8 +125,11 @@ def off_frame_noise(mf: np.ndarray, first_peak: float, last_peak: float, sps: in
     is white (a Nyquist pulse). Excluded: the first and last ``n_taps`` samples (partial
     sums at the capture's edges) and everything within ``n_taps + 2 sps`` of the frame's
     first and last symbol peaks (``first_peak``, ``last_peak``: fractional indices in
-    ``mf``). Interference there (another burst) only raises the estimate. The lower bound
-    is exact: ``2 S / chi2_{1 - a/2}(2 m)`` with ``S = sum |x|^2`` over ``m`` samples.
+    ``mf``). Interference there (another burst) only raises the estimate. Each lower bound
+    is exact: ``2 S / chi2_{1 - a/2}(2 m)`` with ``S = sum |x|^2`` over ``m`` samples. The
+    bound over both sides and each side's own are all lower bounds at the confidence asked,
+    so their least is one too: a burst that reaches into one side (a colliding frame that
+    starts before this one or ends after it) raises that side's, not the other's.
     """
     margin = n_taps + 2 * sps
     before = np.arange(n_taps, int(np.floor(first_peak - margin)), sps)
@@ -127,11 +137,21 @@ def off_frame_noise(mf: np.ndarray, first_peak: float, last_peak: float, sps: in
     idx = np.concatenate([before, after])
     if idx.size < MIN_OFF_FRAME_SAMPLES:
         return None
-    total = float(np.sum(np.abs(mf[idx]) ** 2))
     from scipy import stats  # imported on use (see estimate_from_pilots)
 
-    lower = 2.0 * total / float(stats.chi2.ppf(1.0 - (1.0 - confidence) / 2.0, 2 * idx.size))
-    return OffFrameNoise(total / idx.size, lower, int(idx.size))
+    quantile = 1.0 - (1.0 - confidence) / 2.0
+    power = {"both": (float(np.sum(np.abs(mf[idx]) ** 2)), idx.size)}
+    sides = []
+    for name, part in (("before", before), ("after", after)):
+        if part.size >= MIN_OFF_FRAME_SAMPLES:
+            power[name] = (float(np.sum(np.abs(mf[part]) ** 2)), part.size)
+            sides.append(power[name][0] / part.size)
+        else:
+            sides.append(math.nan)
+    lower = min(2.0 * total / float(stats.chi2.ppf(quantile, 2 * m))
+                for total, m in power.values())
+    total, m = power["both"]
+    return OffFrameNoise(total / m, lower, int(m), (sides[0], sides[1]))
 
 
 def smooth_gains(block_gain: np.ndarray, width: int) -> np.ndarray:

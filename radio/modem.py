@@ -201,7 +201,9 @@ def demodulate(
         "n0_distortion_allowance": allowance,
     }
     if off is not None:  # how much more than the noise off the frame the residual held
-        info |= {"n0_off_frame": off.noise_var, "off_frame_samples": float(off.samples)}
+        info |= {"n0_off_frame": off.noise_var, "off_frame_samples": float(off.samples),
+                 "n0_off_frame_before": off.side_noise_var[0],
+                 "n0_off_frame_after": off.side_noise_var[1]}
         if off.noise_var > 0:
             info["residual_over_noise_db"] = float(linear_to_db(est.noise_var / off.noise_var))
     return Demodulated(payload=payload, state=state, info=info)

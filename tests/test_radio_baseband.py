@@ -220,6 +220,28 @@ def test_fading_across_the_frame_is_not_credited_as_noise() -> None:
     assert above <= 4  # 2.5% expected at 95% confidence: P(Binomial(40, 0.025) > 4) < 1%
 
 
+def test_interference_reaching_past_the_frame_on_one_side_is_not_credited() -> None:
+    """A burst over the frame's last third and on past its end (a colliding frame too weak
+    to be found, or one that starts late): the pilots and the noise after the frame both
+    read it as noise, so the bound over both sides of the frame credited ~2.5 N0. The
+    noise before the frame, bounded on its own, keeps the credit at or below N0."""
+    p = WaveformParams()
+    rng = np.random.default_rng(9)
+    n0 = 10 ** (-20.0 / 10)
+    x = _payload(4000, rng)
+    tx, _ = modulate(p, x)
+    pad = 3000
+    rx = np.concatenate([np.zeros(pad), tx, np.zeros(pad)])
+    k0 = pad + 2 * tx.size // 3
+    rx[k0:] += np.sqrt(3 * n0) * np.exp(2j * np.pi * 0.013 * np.arange(rx.size - k0))
+    rx = rx + np.sqrt(n0 / 2) * (rng.standard_normal(rx.size) + 1j * rng.standard_normal(rx.size))
+    out = demodulate(p, rx, x.size)
+    assert out.info["n0_est"] > 1.5 * n0 and out.info["n0_off_frame"] > 1.5 * n0
+    assert out.info["n0_off_frame_before"] == pytest.approx(n0, rel=0.15)
+    assert out.info["n0_off_frame_after"] > 3 * n0
+    assert out.state.noise_var_lower <= n0
+
+
 def test_distortion_within_the_frame_is_not_credited_as_noise() -> None:
     """A frame whose pilot residual holds more than noise (here: a tone over a third of it,
     interference the pilots cannot tell from noise, and no secret): the pilot N0

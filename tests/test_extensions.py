@@ -176,6 +176,7 @@ def test_launch_imports_them_on_every_edge_and_equals_the_in_process_run(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # 10 s; by default: the extensions in a run and on every edge, sweeps
 def test_a_two_cell_sweep_over_it_completes(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(dump_yaml_text({"base": EXAMPLE, "set": {"rounds": 2, "scheme": SCHEME},

@@ -100,6 +100,7 @@ def noise_problems(z: np.ndarray, voltage: float) -> list[str]:
     return problems
 
 
+@pytest.mark.slow  # 13 s; by default: the 10^6 negative control, freshness, the link
 def test_csprng_noise_is_white_gaussian_without_repeats_in_ten_million(tmp_path: Path) -> None:
     z = csprng_samples(tmp_path / "a.c64", N_LONG, voltage=0.5)
     assert z.size == N_LONG

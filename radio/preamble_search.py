@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.fft import next_fast_len
 
 from radio.framing import WaveformParams, zadoff_chu
 from radio.modem import pulse_taps
@@ -149,7 +150,7 @@ def preamble_statistic(
     fine = np.linspace(-fine_half, fine_half, FINE_STEPS)
     combine = np.exp(-2j * np.pi * np.outer(fine, np.arange(R)) * period / fs)  # (F, R)
     tail = (R - 1) * period + span - 1  # samples past a lag that its statistic reads
-    nfft = _fft_size(min(n_lag, _BLOCK_LAGS) + tail)
+    nfft = next_fast_len(min(n_lag, _BLOCK_LAGS) + tail)
     block = nfft - tail
     ref_spectra = {}
     for root in root_list:
@@ -245,10 +246,6 @@ def find_preambles(
         start = tau - 2 * delay - params.guard_symbols * sps
         found.append(FoundPreamble(root=root, start=int(start), rho=value, cfo_hz=cfo_hz))
     return found
-
-
-def _fft_size(n: int) -> int:
-    return 1 << max(int(n - 1).bit_length(), 1)
 
 
 def _peaks(rho: np.ndarray, threshold: float, width: int) -> list[tuple[int, float]]:

@@ -390,7 +390,7 @@ def test_slot_receiver_cuts_each_devices_window_and_decodes_its_own_frame(hw_nam
 
 def _two_slot_capture(
     bursts: dict[int, tuple[float, float]], n_payload: int = 800, devices: tuple[int, int] = (0, 1),
-) -> tuple[SlotReceiver, list, dict[int, np.ndarray], np.ndarray, _FakeRx, int]:
+) -> tuple[SlotReceiver, list, dict[int, np.ndarray]]:
     """Devices ``devices`` in two TDMA slots; ``bursts[d] = (start offset in samples from
     the first slot's start, amplitude)`` places device ``d``'s frame in a noisy capture
     (each with its own carrier offset and phase)."""
@@ -411,8 +411,7 @@ def _two_slot_capture(
             amplitude * np.exp(1j * (0.7 * d + 2 * np.pi * cfo * k / fs)) * x[d])
     clock = _Clock(100.0)
     rx = _FakeRx(capture.astype(np.complex64), 0.0, fs, clock, -90.0)  # USRP = host - 90
-    receiver = SlotReceiver(receiver_radio(hw), wf, clock=clock, stream=rx)
-    return receiver, slots, x, capture, rx, i0
+    return SlotReceiver(receiver_radio(hw), wf, clock=clock, stream=rx), slots, x
 
 
 @pytest.mark.parametrize(("periods", "db"), [(0.0, 0.0), (0.5, 0.0), (1.5, -3.0), (2.5, 0.0),
@@ -428,13 +427,12 @@ def test_two_frames_in_one_slot_are_a_collision_not_an_upload(periods: float, db
     (1.5 periods at -6 dB, and any weaker frame over the other's payload)."""
     wf = waveform_params(load_hardware("lab_ota"))
     shift = int(periods * wf.zc_length * wf.samples_per_symbol)
-    receiver, slots, x, capture, rx, i0 = _two_slot_capture(
-        {0: (0, 0.8), 1: (shift, 0.8 * 10 ** (db / 20))})
+    receiver, slots, _ = _two_slot_capture({0: (0, 0.8), 1: (shift, 0.8 * 10 ** (db / 20))})
     out = receiver.receive_all(slots, {0: 800, 1: 800}, round_index=5)
     assert isinstance(out[0], LinkError) and "collision: device 1's frame" in str(out[0])
     assert isinstance(out[1], LinkError) and "lost" in str(out[1])
     # Alone in its slot, the same frame is device 0's upload.
-    alone, *_ = _two_slot_capture({0: (0, 0.8)})
+    alone, _, _ = _two_slot_capture({0: (0, 0.8)})
     assert isinstance(alone.receive_all(slots[:1], {0: 800}, round_index=5)[0], Reception)
 
 
@@ -443,7 +441,7 @@ def test_a_late_frame_over_the_next_devices_is_a_collision_for_both() -> None:
     its tail over device 1's frame in the next one. Device 1's window holds no other
     preamble, so a search of each window alone (as before) missed it; device 1's upload is
     a collision, device 0's frame runs out of its window (lost)."""
-    receiver, slots, x, *_ = _two_slot_capture({0: (0, 0.8), 1: (0, 0.8)})
+    receiver, slots, x = _two_slot_capture({0: (0, 0.8), 1: (0, 0.8)})
     fs = receiver.waveform.sample_rate_hz
     gap = int(round((slots[1].start_s - slots[0].start_s) * fs))
     guard = int(round(slots[1].guard_s * fs))
@@ -452,11 +450,11 @@ def test_a_late_frame_over_the_next_devices_is_a_collision_for_both() -> None:
     late = gap - x[0].size + 2500
     wf = receiver.waveform
     assert late + (wf.guard_symbols + wf.preamble.size) * wf.samples_per_symbol < gap - guard
-    receiver, slots, *_ = _two_slot_capture({0: (late, 0.8), 1: (gap, 0.8)})
+    receiver, slots, _ = _two_slot_capture({0: (late, 0.8), 1: (gap, 0.8)})
     out = receiver.receive_all(slots, {0: 800, 1: 800}, round_index=2)
     assert isinstance(out[1], LinkError) and "collision: device 0's frame" in str(out[1])
     assert isinstance(out[0], LinkError)
-    on_time, slots, *_ = _two_slot_capture({0: (0, 0.8), 1: (gap, 0.8)})
+    on_time, slots, _ = _two_slot_capture({0: (0, 0.8), 1: (gap, 0.8)})
     assert all(isinstance(r, Reception)
                for r in on_time.receive_all(slots, {0: 800, 1: 800}, round_index=2).values())
 
@@ -467,9 +465,9 @@ def test_devices_that_share_a_root_are_not_a_collision() -> None:
     of a round of more than 34 was lost."""
     assert device_waveform(waveform_params(load_hardware("lab_ota")), 34).zc_root == \
         device_waveform(waveform_params(load_hardware("lab_ota")), 0).zc_root
-    receiver, slots, x, *_ = _two_slot_capture({0: (0, 0.8)}, devices=(0, 34))
+    receiver, slots, _ = _two_slot_capture({0: (0, 0.8)}, devices=(0, 34))
     gap = int(round((slots[1].start_s - slots[0].start_s) * receiver.waveform.sample_rate_hz))
-    receiver, slots, *_ = _two_slot_capture({0: (0, 0.8), 34: (gap, 0.8)}, devices=(0, 34))
+    receiver, slots, _ = _two_slot_capture({0: (0, 0.8), 34: (gap, 0.8)}, devices=(0, 34))
     out = receiver.receive_all(slots, {0: 800, 34: 800}, round_index=1)
     assert all(isinstance(r, Reception) for r in out.values()), out
 

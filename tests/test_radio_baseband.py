@@ -8,7 +8,7 @@ from scipy import stats
 
 from radio.estimation import estimate_from_pilots, smooth_gains
 from radio.framing import WaveformParams, build_frame, frame_layout, zadoff_chu
-from radio.modem import demodulate, modulate, pulse_taps
+from radio.modem import Demodulated, demodulate, modulate, pulse_taps
 from radio.pulse import matched_filter, rrc_taps, sample_at
 from radio.sync import SyncError
 
@@ -220,22 +220,30 @@ def test_fading_across_the_frame_is_not_credited_as_noise() -> None:
     assert above <= 4  # 2.5% expected at 95% confidence: P(Binomial(40, 0.025) > 4) < 1%
 
 
-def test_interference_reaching_past_the_frame_on_one_side_is_not_credited() -> None:
-    """A burst over the frame's last third and on past its end (a colliding frame too weak
-    to be found, or one that starts late): the pilots and the noise after the frame both
-    read it as noise, so the bound over both sides of the frame credited ~2.5 N0. The
-    noise before the frame, bounded on its own, keeps the credit at or below N0."""
+def _frame_under_a_tone(seed: int, first: float, last: float | None) -> tuple[Demodulated, float]:
+    """A 4,000-symbol frame with 3,000 empty samples each side, a tone of power 3 N0 from
+    ``first`` to ``last`` (fractions of the frame; ``None``: on to the capture's end) and
+    noise N0 = -20 dB; its demodulation and N0."""
     p = WaveformParams()
-    rng = np.random.default_rng(9)
+    rng = np.random.default_rng(seed)
     n0 = 10 ** (-20.0 / 10)
     x = _payload(4000, rng)
     tx, _ = modulate(p, x)
     pad = 3000
     rx = np.concatenate([np.zeros(pad), tx, np.zeros(pad)])
-    k0 = pad + 2 * tx.size // 3
-    rx[k0:] += np.sqrt(3 * n0) * np.exp(2j * np.pi * 0.013 * np.arange(rx.size - k0))
+    k0 = pad + int(first * tx.size)
+    k1 = rx.size if last is None else pad + int(last * tx.size)
+    rx[k0:k1] += np.sqrt(3 * n0) * np.exp(2j * np.pi * 0.013 * np.arange(k1 - k0))
     rx = rx + np.sqrt(n0 / 2) * (rng.standard_normal(rx.size) + 1j * rng.standard_normal(rx.size))
-    out = demodulate(p, rx, x.size)
+    return demodulate(p, rx, x.size), n0
+
+
+def test_interference_reaching_past_the_frame_on_one_side_is_not_credited() -> None:
+    """A burst over the frame's last third and on past its end (a colliding frame too weak
+    to be found, or one that starts late): the pilots and the noise after the frame both
+    read it as noise, so the bound over both sides of the frame credited ~2.5 N0. The
+    noise before the frame, bounded on its own, keeps the credit at or below N0."""
+    out, n0 = _frame_under_a_tone(9, 2 / 3, None)
     assert out.info["n0_est"] > 1.5 * n0 and out.info["n0_off_frame"] > 1.5 * n0
     assert out.info["n0_off_frame_before"] == pytest.approx(n0, rel=0.15)
     assert out.info["n0_off_frame_after"] > 3 * n0
@@ -249,17 +257,8 @@ def test_distortion_within_the_frame_is_not_credited_as_noise() -> None:
     measures off the frame in the same capture."""
     from radio.estimation import off_frame_noise
 
-    p = WaveformParams()
-    rng = np.random.default_rng(8)
-    n0 = 10 ** (-20.0 / 10)
-    x = _payload(4000, rng)
-    tx, _ = modulate(p, x)
-    pad = 3000
-    rx = np.concatenate([np.zeros(pad), tx, np.zeros(pad)])
-    k0, span = pad + tx.size // 3, tx.size // 3
-    rx[k0:k0 + span] += np.sqrt(3 * n0) * np.exp(2j * np.pi * 0.013 * np.arange(span))
-    rx = rx + np.sqrt(n0 / 2) * (rng.standard_normal(rx.size) + 1j * rng.standard_normal(rx.size))
-    out = demodulate(p, rx, x.size)
+    out, n0 = _frame_under_a_tone(8, 1 / 3, 2 / 3)
+    rng = np.random.default_rng(10)
     assert out.info["n0_est"] > 1.5 * n0  # the residual counts the jump as noise
     assert out.info["residual_over_noise_db"] > 1.5
     assert out.state.noise_var_lower <= n0  # credited: at most the noise off the frame

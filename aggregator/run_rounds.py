@@ -20,6 +20,7 @@ from aggregator.round_loop import RoundLoop
 from aggregator.solver.calibration import uploads_to_target
 from aggregator.summary import summary as build_summary
 from radio.link import LinkFailed
+from testbed.core import startup_gc
 from testbed.core.interrupts import StopSignals
 from testbed.core.process_clock import process_age_s
 from testbed.core.run_errors import TrainingDiverged
@@ -85,6 +86,7 @@ def run_rounds(
             # the workers idle while the global model is evaluated: it may use their cores
             state.eval_threads = cfg.torch_threads * max(1, devices.workers)
             startup_s = process_age_s()
+            startup_gc.resume()
             for t in range(start_round, cfg.rounds):
                 stop.check()
                 line = loop._round(t, link, stop)

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from edge_device.device_worker import Trained
+from testbed.core import startup_gc
 from testbed.core.blas_threads import limit_blas_threads
 from testbed.core.child_process import die_with_parent
 
@@ -79,6 +80,7 @@ def _worker_main(
             os.close(fd)
         except OSError:
             pass
+    startup_gc.resume()  # forked before the run's first round: collect in the worker
     torch.set_num_threads(threads)
     limit_blas_threads(threads)
     trainers: dict[int, Any] = {}

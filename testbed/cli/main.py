@@ -20,6 +20,7 @@ import sys
 from typing import NoReturn
 
 from testbed import __version__
+from testbed.core import startup_gc
 from testbed.core.config.errors import ConfigError
 from testbed.core.faults import pause_point
 from testbed.core.interrupts import sigterm_as_interrupt
@@ -29,6 +30,10 @@ EXIT_INTERRUPTED = 130
 #: Commands that keep the process' own SIGTERM behaviour once started (the lab processes:
 #: their launcher stops them with SIGTERM, then SIGKILL).
 OWN_SIGTERM = frozenset({"aggregator", "edge", "launch"})
+
+#: Commands whose process runs rounds: a process started by :func:`entry` collects no
+#: garbage until its first round begins (:mod:`testbed.core.startup_gc`).
+GC_PAUSED_TO_FIRST_ROUND = frozenset({"run"})
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             pause_point("cli_startup")
             try:
                 args = parser.parse_args(argv)
+                if args.command not in GC_PAUSED_TO_FIRST_ROUND:
+                    startup_gc.resume()
                 if not getattr(args, "func", None):
                     parser.print_help()
                     return 2
@@ -98,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("testbed: interrupted (SIGINT/SIGTERM); stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        startup_gc.resume()
 
 
 def entry() -> NoReturn:
     """The process entry point (console script ``testbed``, ``python -m testbed``):
     :func:`main`, then the end of the process, without the interpreter's teardown where the
-    command allowed it (:mod:`testbed.cli.quick_exit`)."""
+    command allowed it (:mod:`testbed.cli.quick_exit`). The garbage collector is paused
+    from here to the first round of the commands that run rounds, and to the parsed command
+    line of the others (:mod:`testbed.core.startup_gc`)."""
+    startup_gc.pause()
     code = main()
     from testbed.cli.quick_exit import finish
 

@@ -59,9 +59,10 @@ def gc_paused() -> Iterator[None]:
     the oldest generation would walk all of them again (about a third of the read time).
     Nothing read here forms a cycle, so reference counting frees what is dropped. When the
     collector is enabled again, the objects made meanwhile go straight to the oldest
-    generation (``gc.freeze`` then ``gc.unfreeze``, only when nothing else is frozen):
-    else the first young collection after the read walks every one of them (0.8 s after a
-    read of 10^6 lines).
+    generation (``gc.freeze`` then ``gc.unfreeze``) or, when objects are frozen already
+    (:mod:`testbed.core.startup_gc`), join them in the permanent generation: else the first
+    young collection after the read walks every one of them (0.8 s after a read of 10^6
+    lines).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -72,6 +73,8 @@ def gc_paused() -> Iterator[None]:
             if gc.get_freeze_count() == 0:
                 gc.freeze()
                 gc.unfreeze()  # into the oldest generation, without walking them
+            else:
+                gc.freeze()  # beside what is frozen (unfreezing would thaw that too)
             gc.enable()
 
 

@@ -135,8 +135,8 @@ def test_a_long_ledger_of_interleaved_templates_is_read_by_shapes(
     shaped: list[int] = []
     real = Shapes.read_run
 
-    def counted(self: Shapes, *args: Any) -> Any:
-        out = real(self, *args)
+    def counted(self: Shapes, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs)
         shaped.append(out[0])
         return out
 

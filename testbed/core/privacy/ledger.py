@@ -68,6 +68,13 @@ from testbed.core.privacy.ledger_parse import (
     seal,
     writer_of,
 )
+from testbed.core.privacy.ledger_verified import (
+    NOTE_EVERY,
+    PrefixHash,
+    Verified,
+    read_verified,
+    write_verified,
+)
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.core.rundir import fsync_dir
 
@@ -199,6 +206,10 @@ class Ledger:
         self._state = state
         #: This process's id in the lines it writes (new at every open).
         self.writer = secrets.token_hex(8)
+        #: sha256 of the file's first ``state.size`` bytes, all checked or written here
+        #: (None: not kept); noted beside the ledger (:mod:`.ledger_verified`)
+        self._checked: Any = None
+        self._unnoted = 0  # appends since the last note
 
     @classmethod
     def open(
@@ -244,15 +255,32 @@ class Ledger:
         handle.seek(0)
         data = handle.read()
         torn = data[data.rfind(b"\n") + 1:]
-        parser = LineParser(p, EVENT_TYPES, HEADER_TYPE)
-        entries = parser.parse(data)
         size = len(data) - len(torn)
+        # The seals its writer already checked are checked by one hash (.ledger_verified)
+        hashing = PrefixHash(data, size, read_verified(p))
+        parser = LineParser(p, EVENT_TYPES, HEADER_TYPE)
+        parser.seals_known = hashing.skip_lines
+        try:
+            entries: list[LedgerEntry] | None = parser.parse(data)
+        except LedgerError:
+            if not parser.seals_known:
+                raise
+            entries = None  # read again below, every seal computed: the error is that read's
+        prefix_ok, whole = hashing.result()
+        if parser.seals_known and (entries is None or not prefix_ok):
+            entries = None
+            parser = LineParser(p, EVENT_TYPES, HEADER_TYPE)
+            entries = parser.parse(data)
+        assert entries is not None
         del data
         if torn:
             _cut_torn(p, handle, torn)
         state = _Tail(size, parser.lines, parser.last_line, parser.tail, parser.chained)
         ledger = cls(p, handle, len(entries), parser.header, entries, state=state,
                      header_type=parser.header_type)
+        if parser.chained or size == 0:  # not an old, unchained ledger
+            ledger._checked = whole
+            ledger._note()
         if header is not None:
             ledger._pin(header)
         return ledger
@@ -376,6 +404,19 @@ class Ledger:
         state.last_line = line
         state.tail = line[-67:-3]
         state.chained = True
+        if self._checked is not None:
+            self._checked.update(line)
+            self._unnoted += 1
+            if self._unnoted >= NOTE_EVERY:
+                self._note()
+
+    def _note(self) -> None:
+        """Note beside the ledger what this writer checked or wrote (.ledger_verified)."""
+        state = self._state
+        if self._checked is not None and state.size > 0 and state.lines > 0:
+            write_verified(self._path, Verified(state.size, state.lines,
+                                                self._checked.hexdigest()))
+        self._unnoted = 0
 
     def _foreign(self) -> tuple[str, bool] | None:
         """What changed in the file since this ledger last read or wrote it (a message and
@@ -417,6 +458,8 @@ class Ledger:
         parser.resume_after(chained=True, lines=state.lines, last_line=state.last_line,
                             tail=state.tail)
         theirs = parser.parse(data)
+        if self._checked is not None:
+            self._checked.update(data)  # checked by the parse
         state.size += len(data)
         state.lines, state.last_line, state.tail = parser.lines, parser.last_line, parser.tail
         self._count += len(theirs)
@@ -449,6 +492,8 @@ class Ledger:
         """Close the file. Idempotent."""
         self._loaded = None
         if self._handle is not None:
+            if self._unnoted:
+                self._note()
             self._handle.close()
             self._handle = None
 

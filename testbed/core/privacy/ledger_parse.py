@@ -172,6 +172,10 @@ class LineParser:
         self.last_line: bytes | None = None
         self.tail = GENESIS.encode("ascii")
         self.fast_lines = 0  # lines read through a template (for tests and benchmarks)
+        #: Lines (numbered as :attr:`lines`) whose seals are checked otherwise: those read
+        #: in runs of one shape skip their sha256 (set only by :meth:`Ledger.open`, which
+        #: reads everything again if that check fails; :mod:`.ledger_verified`)
+        self.seals_known = 0
 
     def resume_after(self, *, chained: bool, lines: int, last_line: bytes | None,
                      tail: bytes) -> None:
@@ -204,7 +208,8 @@ class LineParser:
                         shape = self._shapes.of(raw, self.tail)
                     if shape is not None:
                         count, self.tail, read_last, raw = self._shapes.read_run(
-                            shape, raw, lines, self.tail, entries.extend)
+                            shape, raw, lines, self.tail, entries.extend,
+                            known=self.seals_known - number)
                         if count:
                             number += count
                             self.fast_lines += count

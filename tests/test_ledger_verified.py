@@ -172,3 +172,24 @@ def test_lines_end_at_against_bytes_methods(data: bytes, monkeypatch: pytest.Mon
         whole = end > 0 and head.endswith(b"\n") and b"\n\n" not in head \
             and not head.startswith(b"\n")
         assert lv._lines_end_at(data, end) == (head.count(b"\n") if whole else -1), end
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failed_hash_thread_costs_a_full_read_and_keeps_no_note(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seals: list[int]) -> None:
+    import testbed.core.privacy.ledger_verified as lv
+
+    path = tmp_path / "ledger.jsonl"
+    _write(path, 50)
+    note = read_verified(path)
+
+    def fails(data: bytes, end: int) -> int:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(lv, "_lines_end_at", fails)
+    seals.clear()
+    with Ledger.open(path) as ledger:
+        assert len(ledger.take_loaded()) == 50
+        ledger.append(ev(99, 0), "late")
+    assert len(seals) > 40  # every seal computed
+    assert read_verified(path) == note  # nothing noted from a hash that did not finish

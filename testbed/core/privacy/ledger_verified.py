@@ -115,7 +115,7 @@ class PrefixHash:
         self.note = note if note is not None and note.bytes <= complete else None
         self._data, self._complete = data, complete
         self._hash = hashlib.sha256()
-        self._prefix_ok = False
+        self._prefix_ok = self._done = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="ledger-hash")
         self._thread.start()
 
@@ -135,13 +135,17 @@ class PrefixHash:
                                    and _lines_end_at(self._data, note.bytes) == note.lines)
                 at = note.bytes
             self._hash.update(view[at:self._complete])
+            self._done = True
         finally:
             view.release()
 
-    def result(self) -> tuple[bool, hashlib._Hash]:
+    def result(self) -> tuple[bool, hashlib._Hash | None]:
         """``(whether the note's bytes are there as noted, the hash of every complete
-        line)``, once the thread is done. Without a note the first is ``False``."""
+        line)``, once the thread is done. Without a note the first is ``False``; if the
+        thread failed, ``(False, None)``: no note is kept from it."""
         self._thread.join()
+        if not self._done:
+            return False, None
         return self._prefix_ok, self._hash
 
 

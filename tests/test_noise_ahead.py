@@ -19,8 +19,8 @@ def test_each_step_gets_its_own_fresh_gaussian_draw() -> None:
             z = noise.take()
             assert z.shape == (d,) and str(z.dtype) == "torch.float32"
             seen.append(z.numpy().copy())  # copied: the next take refills it
-    for a in seen:
-        assert stats.kstest(a / sigma, "norm").pvalue > 1e-4
+    for a in seen:  # OS-CSPRNG draws, unseeded: a bound with a false failure under 1e-6 a run
+        assert stats.kstest(a / sigma, "norm").pvalue > 1e-7
     for i in range(steps):
         for j in range(i):
             assert abs(np.corrcoef(seen[i], seen[j])[0, 1]) < 0.05  # independent draws

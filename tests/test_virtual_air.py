@@ -105,20 +105,24 @@ def test_noise_is_white_gaussian_of_budget_power_aperiodic_and_fresh(
     p = float(np.mean(zz.real**2 + zz.imag**2))
     assert abs(p / p_expected - 1) < 0.01
     assert p_expected == pytest.approx(noise_psd_w_per_hz(290.0, 5.0) * hw.sample_rate_hz)
-    # Gaussian: KS on a subsample of each quadrature, fourth moments, circularity
+    # Gaussian: KS on a subsample of each quadrature, fourth moments, circularity. The noise
+    # is the OS CSPRNG's (it cannot be seeded), so each bound is set for a false failure
+    # under 1e-6 per run: KS p > 1e-7 (at 1e-3 it failed one run in a few hundred), which
+    # still refuses any other shape of this variance (uniform: D = 0.058, p = 0 in floats at
+    # 200,000 samples); the fourth moment and lags at 6 standard errors.
     sigma = math.sqrt(p_expected / 2)
     sub = zz[:: n // 200_000]
     for part in (sub.real, sub.imag):
-        assert stats.kstest(part / sigma, "norm").pvalue > 1e-3
+        assert stats.kstest(part / sigma, "norm").pvalue > 1e-7
     for part in (zz.real, zz.imag):
         m4 = float(np.mean((part / sigma) ** 4))
         assert abs(m4 - 3.0) < 6 * math.sqrt(96.0 / n)  # Var(x^4) = 105 - 9
     assert abs(np.mean(zz.real * zz.imag)) / (sigma**2) < 6 / math.sqrt(n)
-    # white: the normalised autocorrelation at lags 1..64, each quadrature within 5 s.e.
+    # white: the normalised autocorrelation at lags 1..64, each quadrature within 6 s.e.
     se = 1 / math.sqrt(2 * n)
     for lag in range(1, 65):
         r = np.vdot(zz[:-lag], zz[lag:]) / (n - lag) / p
-        assert abs(r.real) < 5 * se and abs(r.imag) < 5 * se, (lag, r)
+        assert abs(r.real) < 6 * se and abs(r.imag) < 6 * se, (lag, r)
     # no period: complex64 values repeat only by chance (expected 0.01 pairs in 1e7 draws:
     # (1.37e-8)^2 per pair of float32 pairs); any period below 1e7 repeats them all
     values = z.view(np.uint64)

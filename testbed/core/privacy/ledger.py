@@ -42,14 +42,10 @@ so a resume reads the file once.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import secrets
-import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -58,6 +54,7 @@ from typing import IO, Any, ClassVar, Protocol
 from testbed.core.privacy.accountant import PrivacyAccountant
 from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.events import UploadEvent
+from testbed.core.privacy.ledger_file import TornLineWarning, cut_torn, flocked, writer_of
 from testbed.core.privacy.ledger_parse import (
     CHAIN_FIELDS,
     GENESIS,
@@ -66,7 +63,6 @@ from testbed.core.privacy.ledger_parse import (
     LedgerError,
     LineParser,
     seal,
-    writer_of,
 )
 from testbed.core.privacy.ledger_verified import (
     NOTE_EVERY,
@@ -94,8 +90,6 @@ __all__ = [
 
 #: Type tag of the header line (the first line) of a chained ledger.
 HEADER_TYPE = "ledger-header/v2"
-#: How long an append or an open waits for another process's append (s).
-LOCK_WAIT_S = 60.0
 
 
 class LedgerEvent(Protocol):
@@ -133,32 +127,6 @@ def register_event_type(cls: Any) -> Any:
         raise ValueError(f"ledger: event type {cls.TYPE!r} is already taken by {known.__name__}")
     EVENT_TYPES[cls.TYPE] = cls
     return cls
-
-
-class TornLineWarning(UserWarning):
-    """The ledger's last line was torn by a crash and has been ignored."""
-
-
-@contextlib.contextmanager
-def _flocked(handle: IO[bytes], path: Path) -> Iterator[None]:
-    """Hold the ledger file's exclusive ``flock`` (writers and :meth:`Ledger.open` only take
-    it for the few milliseconds of a read or an append; waits up to :data:`LOCK_WAIT_S`)."""
-    fd = handle.fileno()
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise LedgerError(
-                    f"{path}: held by another writer for more than {LOCK_WAIT_S:.0f} s"
-                ) from None
-            time.sleep(0.01)
-    try:
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _mismatch(found: dict[str, Any], wanted: dict[str, Any],
@@ -240,7 +208,7 @@ class Ledger:
         created = not p.exists()
         handle = open(p, "a+b")  # noqa: SIM115 - kept open for the ledger's lifetime
         try:
-            with _flocked(handle, p):
+            with flocked(handle, p):
                 ledger = cls._read(p, handle, header)
             if created:
                 fsync_dir(p.parent if str(p.parent) else Path("."))
@@ -258,23 +226,23 @@ class Ledger:
         size = len(data) - len(torn)
         # The seals its writer already checked are checked by one hash (.ledger_verified)
         hashing = PrefixHash(data, size, read_verified(p))
+        known = hashing.skip_lines
         parser = LineParser(p, EVENT_TYPES, HEADER_TYPE)
-        parser.seals_known = hashing.skip_lines
         try:
-            entries: list[LedgerEntry] | None = parser.parse(data)
+            entries: list[LedgerEntry] | None = parser.parse(data, seals_known=known)
         except LedgerError:
-            if not parser.seals_known:
+            if not known:
                 raise
             entries = None  # read again below, every seal computed: the error is that read's
         prefix_ok, whole = hashing.result()
-        if parser.seals_known and (entries is None or not prefix_ok):
+        if known and (entries is None or not prefix_ok):
             entries = None
             parser = LineParser(p, EVENT_TYPES, HEADER_TYPE)
             entries = parser.parse(data)
         assert entries is not None
         del data
         if torn:
-            _cut_torn(p, handle, torn)
+            cut_torn(p, handle, torn)
         state = _Tail(size, parser.lines, parser.last_line, parser.tail, parser.chained)
         ledger = cls(p, handle, len(entries), parser.header, entries, state=state,
                      header_type=parser.header_type)
@@ -356,7 +324,7 @@ class Ledger:
         data = event.to_dict()
         if nonce is not None:
             data["nonce"] = str(nonce)
-        with _flocked(self._handle, self._path):
+        with flocked(self._handle, self._path):
             problem = self._foreign()
             if problem is not None:
                 message, adoptable = problem
@@ -376,7 +344,7 @@ class Ledger:
         truncated or rewritten). Called before a transmission is authorized."""
         if self._handle is None:
             raise LedgerError(f"{self._path}: ledger is closed")
-        with _flocked(self._handle, self._path):
+        with flocked(self._handle, self._path):
             problem = self._foreign()
         if problem is not None:
             raise LedgerError(problem[0])
@@ -507,23 +475,6 @@ class Ledger:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _cut_torn(p: Path, handle: IO[bytes], torn: bytes) -> None:
-    """Warn about a torn last line, copy it to ``<p>.torn`` and cut it off the file."""
-    warnings.warn(
-        f"{p}: last line is torn ({len(torn)} bytes without a newline, e.g. from "
-        f"a crash during append); ignored, copied to {p}.torn",
-        TornLineWarning,
-        stacklevel=4,
-    )
-    with open(f"{p}.torn", "ab") as aside:
-        aside.write(torn + b"\n")
-        aside.flush()
-        os.fsync(aside.fileno())
-    handle.truncate(handle.seek(0, os.SEEK_END) - len(torn))
-    handle.flush()
-    os.fsync(handle.fileno())
 
 
 def rebuild_accountant(

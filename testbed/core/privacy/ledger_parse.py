@@ -66,7 +66,6 @@ _ROUND = re.compile(rb'"round":(0|[1-9][0-9]*)(?=[,}])')
 _DEVICE = re.compile(rb'"device":(0|[1-9][0-9]*)(?=[,}])')
 _NONCE = re.compile(rb'"nonce":"([0-9A-Za-z]+)"(?=[,}])')
 _PREV = re.compile(rb'"prev":"([0-9a-f]{64})"(?=[,}])')
-_WRITER = re.compile(rb'"writer":"([0-9A-Za-z]+)"')
 _KEY_BEFORE = (0x7B, 0x2C)  # '{' and ','
 _ROUND_BIT, _DEVICE_BIT, _NONCE_BIT, _PREV_BIT = 1, 2, 4, 8
 _ALL_BITS = _ROUND_BIT | _DEVICE_BIT | _NONCE_BIT | _PREV_BIT
@@ -112,12 +111,6 @@ class _Template:
         self.event = event
         self.nonce = nonce
         self.shape: Shape | None = None
-
-
-def writer_of(raw: bytes) -> str:
-    """The ``writer`` id a raw line names (``"unknown"`` when it names none)."""
-    match = _WRITER.search(raw)
-    return match.group(1).decode("ascii") if match else "unknown"
 
 
 def _after_key_boundary(raw: bytes, match: re.Match[bytes]) -> bool:
@@ -172,22 +165,20 @@ class LineParser:
         self.last_line: bytes | None = None
         self.tail = GENESIS.encode("ascii")
         self.fast_lines = 0  # lines read through a template (for tests and benchmarks)
-        #: Lines (numbered as :attr:`lines`) whose seals are checked otherwise: those read
-        #: in runs of one shape skip their sha256 (set only by :meth:`Ledger.open`, which
-        #: reads everything again if that check fails; :mod:`.ledger_verified`)
-        self.seals_known = 0
 
     def resume_after(self, *, chained: bool, lines: int, last_line: bytes | None,
                      tail: bytes) -> None:
         """Continue a chain read earlier (its state), for reading only the lines after it."""
         self.chained, self.lines, self.last_line, self.tail = chained, lines, last_line, tail
 
-    def parse(self, data: bytes) -> list[LedgerEntry]:
+    def parse(self, data: bytes, *, seals_known: int = 0) -> list[LedgerEntry]:
         """Every entry of a ledger's bytes, in order; the header is kept in :attr:`header`.
 
         Lines are numbered from 1 over the non-empty lines; a last line without a newline
         (torn by a crash) is not read: the caller deals with it. Raises
-        :class:`LedgerError` naming the first bad line.
+        :class:`LedgerError` naming the first bad line. ``seals_known``: lines (numbered so)
+        whose seals the caller checks otherwise; those read through a shape skip their
+        sha256 (:mod:`~testbed.core.privacy.ledger_verified`).
         """
         entries: list[LedgerEntry] = []
         append = entries.append
@@ -209,7 +200,7 @@ class LineParser:
                     if shape is not None:
                         count, self.tail, read_last, raw = self._shapes.read_run(
                             shape, raw, lines, self.tail, entries.extend,
-                            known=self.seals_known - number)
+                            known=seals_known - number)
                         if count:
                             number += count
                             self.fast_lines += count

@@ -80,8 +80,11 @@ class _Terms:
         self.tq = float(theta_qs)
         self.z2 = float(z) ** 2
         self.d = float(d)
-        self.c3 = np.broadcast_to(np.asarray(c3, dtype=np.float64), self.n.shape)
+        c3 = np.asarray(c3, dtype=np.float64)
+        self.c3 = c3 if c3.shape == self.n.shape else np.broadcast_to(c3, self.n.shape)
         self.c4 = float(c4)
+        #: Below this, ``a`` is a rounding artefact of ``b = b0`` (see :meth:`a_of`).
+        self.a_floor = 1e-12 * self.t * self.n
         self.b0 = self.t * self.n / self.c4
         self.slope2 = 1.0 - self.tq * self.t
         self.w2 = self.z2 + self.d * self.c4
@@ -106,7 +109,7 @@ class _Terms:
     def a_of(self, b: np.ndarray) -> np.ndarray:
         a = self.c4 * b - self.t * self.n
         # b = b0 up to rounding means no artificial noise (a ~ 1e-19 is an artefact).
-        return np.where(a > 1e-12 * self.t * self.n, a, 0.0)
+        return np.where(a > self.a_floor, a, 0.0)
 
     def g_of(self, b: np.ndarray) -> np.ndarray:
         return (self.tq * self.a_of(b) + self.n) / b
@@ -122,7 +125,11 @@ class _Terms:
         pts.append(np.where(top_in_r1, self.z2 * self.top**2 / self.n, lam_top_r2))
         allp = np.concatenate(pts)
         allp = allp[np.isfinite(allp) & (allp > 0)]
-        return np.unique(allp)
+        # np.unique without its generic machinery: sort, drop repeats (the same values).
+        allp.sort()
+        if allp.size > 1:
+            allp = allp[np.concatenate(([True], allp[1:] != allp[:-1]))]
+        return allp
 
 
 def solve_power_noise(
@@ -156,7 +163,7 @@ def solve_power_noise(
         ``C`` of the convergence constraint ``sum_i (theta_qs a_i + n_i)/b_i <= C``.
     """
     n = np.asarray(n_eff, dtype=np.float64)
-    if n.ndim != 1 or n.size == 0 or not np.all(np.isfinite(n) & (n > 0)):
+    if n.ndim != 1 or n.size == 0 or not (np.isfinite(n) & (n > 0)).all():
         raise ValueError(f"n_eff: expected a non-empty 1-d array of values > 0, got {n_eff!r}")
     if not 0.0 <= trusted <= 1.0:
         raise ValueError(f"trusted: got {trusted!r}; allowed: [0, 1]")
@@ -164,18 +171,19 @@ def solve_power_noise(
         raise ValueError(f"theta_qs: got {theta_qs!r}; allowed: >= 1")
     if not (c4 > 0 and np.isfinite(c4)):
         raise ValueError(f"c4: got {c4!r}; allowed: finite and > 0")
-    if np.any(np.asarray(c3) <= 0):
+    c3 = np.asarray(c3, dtype=np.float64)
+    if (c3 <= 0).any():
         raise ValueError(f"c3: got {c3!r}; allowed: > 0")
-    terms = _Terms(n, trusted, theta_qs, z, d, np.asarray(c3, dtype=np.float64), c4)
+    terms = _Terms(n, trusted, theta_qs, z, d, c3, c4)
     bp = terms.breakpoints()
     lam_top = float(bp[-1]) * 2.0 if bp.size else 1.0
     b_top = terms.b_of(lam_top)
-    g_top = float(np.sum(terms.g_of(b_top)))
+    g_top = float(terms.g_of(b_top).sum())
     if not budget > 0 or g_top > budget * (1.0 + 1e-12):
         return _solution(terms, b_top, np.inf, feasible=False)
     # Bisection over the sorted breakpoints: first index whose G is within budget (G at
     # every breakpoint in one evaluation, each row the same operations as one lam alone).
-    g_at = np.sum(terms.g_of(terms.b_of(bp[:, None])), axis=-1)
+    g_at = terms.g_of(terms.b_of(bp[:, None])).sum(axis=-1)
     lo, hi = 0, bp.size - 1
     if float(g_at[hi]) > budget:
         lo = hi + 1  # only the last (unbounded) piece fits: lam > bp[-1], all clamped
@@ -192,7 +200,7 @@ def solve_power_noise(
     b = terms.b_of(lam)
     # Guard the feasible side against rounding in the last digit.
     for _ in range(60):
-        if float(np.sum(terms.g_of(b))) <= budget * (1.0 + 1e-13):
+        if float(terms.g_of(b).sum()) <= budget * (1.0 + 1e-13):
             break
         lam = min(lam * (1.0 + 1e-10), right) if lam < right else lam * (1.0 + 1e-10)
         b = terms.b_of(lam)
@@ -211,10 +219,10 @@ def _exact_in_piece(terms: _Terms, left: float, right: float, budget: float) -> 
         in_r2 = np.zeros_like(in_r1)
     clamped = ~(in_r1 | in_r2)
     g_mid = terms.g_of(terms.b_of(mid))
-    g_c = float(np.sum(g_mid[clamped])) + terms.tq * terms.c4 * int(np.sum(in_r2))
-    s = float(np.sum(np.sqrt(terms.z2 * terms.n[in_r1])))
+    g_c = float(g_mid[clamped].sum()) + terms.tq * terms.c4 * int(np.count_nonzero(in_r2))
+    s = float(np.sqrt(terms.z2 * terms.n[in_r1]).sum())
     if terms.slope2 > 0:
-        s += float(np.sum(np.sqrt(terms.n[in_r2] * terms.slope2 * terms.w2)))
+        s += float(np.sqrt(terms.n[in_r2] * terms.slope2 * terms.w2).sum())
     if s <= 0 or budget <= g_c:
         return right
     lam = (s / (budget - g_c)) ** 2
@@ -223,18 +231,18 @@ def _exact_in_piece(terms: _Terms, left: float, right: float, budget: float) -> 
 
 def _solution(terms: _Terms, b: np.ndarray, lam: float, *, feasible: bool) -> PowerNoiseSolution:
     a = terms.a_of(b)
-    g = terms.g_of(b)
+    g = (terms.tq * a + terms.n) / b  # terms.g_of(b), with a computed once
     capped = b >= terms.bmax * (1.0 - 1e-12)
     regimes = tuple(
-        REGIME_POWER if c else (REGIME_ARTIFICIAL if ai > 0 else REGIME_CHANNEL)
-        for c, ai in zip(capped, a, strict=True)
+        REGIME_POWER if c else (REGIME_ARTIFICIAL if ai else REGIME_CHANNEL)
+        for c, ai in zip(capped.tolist(), (a > 0).tolist(), strict=True)
     )
     return PowerNoiseSolution(
         a=a,
         b=b,
         lam=float(lam),
         feasible=feasible,
-        conv_sum=float(np.sum(g)),
-        objective=float(np.sum(terms.z2 * b + terms.d * a)),
+        conv_sum=float(g.sum()),
+        objective=float((terms.z2 * b + terms.d * a).sum()),
         regimes=regimes,
     )

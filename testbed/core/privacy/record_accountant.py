@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.privacy.aircomp_events import AirCompEvent
-from testbed.core.privacy.events import DERIVED_STORE, EventError
+from testbed.core.privacy.events import EventError
 from testbed.core.privacy.record_compose import ContributionKey, RdpEngine
 from testbed.core.privacy.record_device_level import device_level_epsilon
 from testbed.core.privacy.record_epsilon import (
@@ -47,6 +47,7 @@ from testbed.core.privacy.record_epsilon import (
     _result,
 )
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
+from testbed.core.privacy.replay_runs import advance_run, run_starts
 from testbed.core.privacy.state_trie import Node, StateTrie
 
 _STATE_VERSION = 1
@@ -213,32 +214,19 @@ class RecordAccountant:
         histories and epsilons, bit for bit, with less work per event. Copies of one event
         (:meth:`~testbed.core.privacy.events.JsonEvent.for_round_and_device`: one class,
         every field but round and device the same, one shared store of derived values) are
-        checked and keyed once per run of them; an event whose device is where the last
-        event's device was, with the same key, moves to the node that one moved to."""
+        checked and keyed once per run of them, and a run is composed at once
+        (:mod:`~testbed.core.privacy.replay_runs`)."""
+        events = events if isinstance(events, list) else list(events)
+        starts = run_starts(events)
         trie, nodes, history = self._trie, self._nodes, self._events
         root, child, relation = trie.root, trie.child, self._relation
         token, compute = self._key_token, self._compute_key
-        last_store: Any = None
-        key: Any = None
-        parent: Node | None = None
-        reached: Node | None = None
-        for event in events:
-            store = event.__dict__.get(DERIVED_STORE)
-            if store is None or store is not last_store:
-                if type(event) not in _RECORD_CLASSES or event.relation != relation:
-                    self._check(event)  # raises (or accepts a subclass)
-                key, last_store = event.derived(token, compute), store
-                parent = None
-            device = event.device
-            node = nodes.get(device, root)
-            if node is not parent:
-                parent, reached = node, child(node, key)
-            nodes[device] = reached  # type: ignore[assignment]
-            events_of = history.get(device)
-            if events_of is None:
-                history[device] = [event]
-            else:
-                events_of.append(event)
+        for a, b in zip(starts, [*starts[1:], len(events)][:len(starts)], strict=True):
+            first = events[a]
+            if type(first) not in _RECORD_CLASSES or first.relation != relation:
+                self._check(first)  # raises (or accepts a subclass)
+            key = first.derived(token, compute)
+            advance_run(events[a:b], key, child, root, nodes, history)
         self._pending = None
 
     def epsilon(self, device: int) -> RecordEpsilon:

@@ -146,8 +146,9 @@ class Shapes:
         add_event, add_nonce = events.append, nonces.append
         last, raw = None, first
         j = k = u = v = w = -1  # the last line's offsets: most lines have the same
+        d_end = w_end = -1  # j - l1 and w + 64 for them
         while raw is not None:
-            device, nonce, rnd, digest = raw[a0:j - l1], raw[j:k], raw[u:v], raw[w:w + 64]
+            device, nonce, rnd, digest = raw[a0:d_end], raw[j:k], raw[u:v], raw[w:w_end]
             if join((p0, device, p1, nonce, p2, tail, p3, rnd, suffix, digest, _END)) != raw:
                 i = raw.find(b",", a0)  # the device's digits end at the comma that starts P1
                 j = i + l1
@@ -157,6 +158,7 @@ class Shapes:
                 w = v + ls
                 if i < 0 or k < 0 or v < 0:
                     break
+                d_end, w_end = i, w + 64
                 device, nonce, rnd, digest = raw[a0:i], raw[j:k], raw[u:v], raw[w:w + 64]
                 if join((p0, device, p1, nonce, p2, tail, p3, rnd, suffix, digest,
                          _END)) != raw:

@@ -17,8 +17,9 @@ favours GNU Radio's many threads over the emulator's one in wall-clock time. Cas
   (``fastnoise_source``), the emulator draws a fresh one per sample; ``channel_model``
   always runs its timing resampler and a 2-tap FIR, which are identities here, and the
   emulator skips the identities. GNU Radio runs one thread per block (both cores); the
-  emulator runs in one thread here, and in two in the resampled cases below (a worker
-  thread draws the noise while the first interpolates; the same samples bit for bit).
+  emulator runs in one thread here, and in two in the resampled cases below (while the
+  first thread interpolates, a worker thread draws the noise, then rotates and adds the
+  interpolated segments as they come; the same samples bit for bit).
 * ``emulator_timing``: the same plus a random fractional delay (up to 512 samples, as the
   waveform link applies by default), against the same ``channel_model``: now both
   interpolate every sample, the emulator with the band-limited interpolator of
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             figure(name, n / emu[0] / 1e6, n / gr[0] / 1e6, "Msample/s", better="higher",
                    aim=2.0, baseline_name=baseline_name,
                    note=f"{note}, wall clock; emulator one thread (two with a fractional "
-                        "delay: the noise drawn beside the interpolation), GNU Radio a thread "
-                        "per block"),
+                        "delay: the noise and the carrier rotation beside the interpolation), "
+                        "GNU Radio a thread per block"),
             figure(f"{name}_cpu", n / emu[1] / 1e6, n / gr[1] / 1e6, "Msample/CPU-s",
                    better="higher", aim=2.0, baseline_name=f"{baseline_name} (all threads)",
                    note=f"{note}, per CPU second (steadier on a shared machine)"),

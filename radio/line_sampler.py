@@ -53,8 +53,13 @@ _ROW = 64
 #: band (narrower blocks waste fewer multiplications on the band's zeros; 16 columns fill the
 #: vector registers).
 _BLOCK = 16
-#: Rows per matrix product: operands and results (~1 MB) stay in the core's cache.
+#: Rows per matrix product: operands and results (~1 MB) stay in the core's cache. A phase's
+#: rows are split into equal batches of at most ``_BATCH_ROWS + _BATCH_ROWS // 4`` (no small
+#: remainder: with a sample-rate offset a chunk holds a little over 512 rows of each phase).
 _BATCH_ROWS = 512
+#: Input samples rounded to single precision at a time (128 kB) before their real and
+#: imaginary parts are split apart.
+_SPLIT_BLOCK = 1 << 14
 #: Output samples per chunk of :func:`sample_line_chunks` (a multiple of ``_ROW``): the
 #: phases are grouped over a chunk, so a chunk spans many runs of constant phase.
 LINE_CHUNK = 1 << 18
@@ -153,12 +158,10 @@ def sample_line(
         ``complex64``, shape ``(count,)``.
     """
     _check_line(x.size, start, step, count)
-    out = np.empty(count, dtype=np.complex64)
-    k = 0
-    for chunk in sample_line_chunks(x, start, step, count, upsample):
-        out[k : k + chunk.size] = chunk
-        k += chunk.size
-    return out
+    out = np.empty(-(-count // _ROW) * _ROW, dtype=np.complex64)  # whole rows
+    for _ in sample_line_chunks(x, start, step, count, upsample, out=out):
+        pass
+    return out[:count]
 
 
 def _check_line(n: int, start: float, step: float, count: int) -> None:
@@ -172,7 +175,8 @@ def _check_line(n: int, start: float, step: float, count: int) -> None:
 
 
 def sample_line_chunks(
-    x: np.ndarray, start: float, step: float, count: int, upsample: int = 8
+    x: np.ndarray, start: float, step: float, count: int, upsample: int = 8,
+    out: np.ndarray | None = None,
 ) -> Iterator[np.ndarray]:
     """:func:`sample_line` a chunk at a time, in order (for a consumer that streams).
 
@@ -200,24 +204,36 @@ def sample_line_chunks(
         Number of positions (``>= 1``).
     upsample
         Phases of the interpolator.
+    out
+        Where to write the positions (``complex64``, contiguous, at least ``count``
+        samples), chunk by chunk, instead of a buffer of the sampler's own. Positions are
+        computed in rows of ``_ROW``: samples of ``out`` past ``count`` up to the next
+        multiple of ``_ROW`` are overwritten too, when ``out`` is that long.
 
     Yields
     ------
     numpy.ndarray
         ``complex64``, shape ``(m,)``: positions ``k0 .. k0 + m - 1``, consecutive chunks of
-        ``LINE_CHUNK`` (the last one shorter). Each is a view of a buffer that the next chunk
-        overwrites; the consumer may modify it.
+        ``LINE_CHUNK`` (the last one shorter). Each is a view of ``out`` or of a buffer that
+        the next chunk overwrites; the consumer may modify it.
     """
     _check_line(x.size, start, step, count)
+    if out is not None and (out.dtype != np.complex64 or out.ndim != 1 or out.size < count
+                            or not out.flags.c_contiguous):
+        raise ValueError(f"out: got {out.dtype} shape {out.shape}; allowed: a contiguous "
+                         f"complex64 array of at least {count} samples")
     u0 = upsample * start
     d = upsample * (step - 1.0)
     if abs(d) * count > count / 64 + upsample:
         # Runs shorter than ~64 samples: the general path is cheaper.
         values = sample_at(x, start + step * np.arange(count), upsample).astype(np.complex64)
+        if out is not None:
+            out[:count] = values
+            values = out
         for c0 in range(0, count, LINE_CHUNK):
-            yield values[c0 : c0 + LINE_CHUNK]
+            yield values[c0 : min(c0 + LINE_CHUNK, count)]
         return
-    yield from _LineSampler(x, u0, d, count, upsample).chunks()
+    yield from _LineSampler(x, u0, d, count, upsample, out).chunks()
 
 
 class _LineSampler:
@@ -233,9 +249,12 @@ class _LineSampler:
         Number of positions.
     upsample
         Phases of the interpolator.
+    out
+        The caller's buffer for the positions (:func:`sample_line_chunks`), or ``None``.
     """
 
-    def __init__(self, x: np.ndarray, u0: float, d: float, count: int, upsample: int) -> None:
+    def __init__(self, x: np.ndarray, u0: float, d: float, count: int, upsample: int,
+                 out: np.ndarray | None = None) -> None:
         self.x, self.u0, self.d, self.count, self.up = x, u0, d, count, upsample
         table, e_min = _phase_taps(upsample)
         self.n_taps = table.shape[1]
@@ -259,22 +278,37 @@ class _LineSampler:
             ramp = d * np.arange(_ROW).reshape(blocks, 1, _BLOCK)
             self.level = (level[:, None] + ramp * slope[:, None]).astype(np.float32)
             self.slope = slope.astype(np.float32)
-        rows = min(_BATCH_ROWS, -(-count // _ROW))
+        self._batch_max = _BATCH_ROWS + _BATCH_ROWS // 4
+        rows = min(self._batch_max, -(-count // _ROW))
         self._y = np.empty((2, 2 * rows * _ROW), dtype=np.float32)
         self._res = np.empty((rows, _ROW), dtype=np.complex64)
-        chunk_rows = min(LINE_CHUNK // _ROW, -(-count // _ROW))
-        self._out = np.empty(chunk_rows * _ROW, dtype=np.complex64)
+        self._dest = out
+        self._own = np.empty(0, dtype=np.complex64)  # chunks that do not fit in the caller's
         self._span = np.empty(0, dtype=np.complex64)
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The positions a chunk at a time (see :func:`sample_line_chunks`)."""
-        for c0 in range(0, self.count, LINE_CHUNK):
+        for c0 in range(0, self.count, LINE_CHUNK):  # c0 is a multiple of _ROW
             c1 = min(c0 + LINE_CHUNK, self.count)
-            self._fill(c0 // _ROW, -(-c1 // _ROW))
-            yield self._out[: c1 - c0]
+            ra, rb = c0 // _ROW, -(-c1 // _ROW)
+            dest = self._dest
+            if dest is not None and rb * _ROW <= dest.size:
+                self._fill(ra, rb, dest[c0 : rb * _ROW])
+                yield dest[c0:c1]
+                continue
+            if self._own.size < (rb - ra) * _ROW:
+                self._own = np.empty(min(LINE_CHUNK, -(-self.count // _ROW) * _ROW),
+                                     dtype=np.complex64)
+            self._fill(ra, rb, self._own)
+            if dest is None:
+                yield self._own[: c1 - c0]
+            else:
+                dest[c0:c1] = self._own[: c1 - c0]
+                yield dest[c0:c1]
 
-    def _fill(self, ra: int, rb: int) -> None:
-        """Compute rows ``ra .. rb - 1`` (positions ``ra * _ROW ..``) into ``self._out``."""
+    def _fill(self, ra: int, rb: int, target: np.ndarray) -> None:
+        """Compute rows ``ra .. rb - 1`` (positions ``ra * _ROW ..``) into ``target``
+        (``complex64``, contiguous, at least ``(rb - ra) * _ROW`` samples)."""
         up, count = self.up, self.count
         # Entries: (row, run) pairs; a row crossing a run's end has one entry per run.
         j0 = int(np.searchsorted(self.k1, ra * _ROW, side="right"))
@@ -298,13 +332,14 @@ class _LineSampler:
         key = (2 * phase + ~whole).astype(np.int8)
         order = np.argsort(key, kind="stable")  # a radix sort
         bounds = np.searchsorted(key[order], np.arange(2 * up + 1))
-        out = self._out.reshape(-1, _ROW)
+        out = target[: (rb - ra) * _ROW].reshape(-1, _ROW)
         partial: list[tuple[np.ndarray, np.ndarray]] = []
         for ph in range(up):
             group = order[bounds[2 * ph] : bounds[2 * ph + 2]]
             n_whole = int(bounds[2 * ph + 1] - bounds[2 * ph])
-            for b0 in range(0, group.size, _BATCH_ROWS):
-                idx = group[b0 : b0 + _BATCH_ROWS]
+            size = -(-group.size // -(-group.size // self._batch_max)) if group.size else 1
+            for b0 in range(0, group.size, size):
+                idx = group[b0 : b0 + size]
                 m = idx.size
                 rows = row[idx] - ra
                 n_w = min(max(n_whole - b0, 0), m)
@@ -323,7 +358,7 @@ class _LineSampler:
             vals = np.concatenate([p[1] for p in partial])
             j = np.arange(_ROW)
             mine = (j >= (lo[idx] - s[idx])[:, None]) & (j < (hi[idx] - s[idx])[:, None])
-            self._out[((s[idx] - ra * _ROW)[:, None] + j)[mine]] = vals[mine]
+            out.reshape(-1)[((s[idx] - ra * _ROW)[:, None] + j)[mine]] = vals[mine]
 
     def _windows(self, xa: int, xb: int) -> np.ndarray:
         """Every row window of ``x[xa:xb]`` (zero outside ``x``), real and imaginary parts apart.
@@ -359,12 +394,23 @@ class _LineSampler:
             )
         if self._span.size < need:
             self._span = np.empty(need + need // 8, dtype=np.complex64)
-        planes = self._span.view(np.float32)
-        size = planes.size // 2
-        planes = planes.reshape(2, size)
+        flat = self._span.view(np.float32)
+        size = flat.size // 2
+        planes = flat.reshape(2, size)
         planes[:, : a - xa] = 0.0
-        planes[0, a - xa : b - xa] = x.real[a:b]
-        planes[1, a - xa : b - xa] = x.imag[a:b]
+        if x.dtype == np.complex64:
+            planes[0, a - xa : b - xa] = x.real[a:b]
+            planes[1, a - xa : b - xa] = x.imag[a:b]
+        else:
+            # Rounded to single precision a block at a time (one contiguous cast), then
+            # split while the block is in the cache.
+            block = np.empty(min(_SPLIT_BLOCK, b - a), dtype=np.complex64)
+            for c in range(a, b, _SPLIT_BLOCK):
+                e = min(c + _SPLIT_BLOCK, b)
+                part = block[: e - c]
+                part[:] = x[c:e]
+                planes[0, c - xa : e - xa] = part.real
+                planes[1, c - xa : e - xa] = part.imag
         planes[:, b - xa : need] = 0.0
         return np.ndarray(
             (rows, 2, self.width), dtype=np.float32, buffer=planes,

@@ -12,8 +12,10 @@ therefore adds ``N0 = 10 ** (-snr_db / 10)`` per sample to get a symbol-level SN
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -252,37 +254,43 @@ def emulate(
             seg *= rot.chunk(lead + c0, m)
             rx[lead + c0 : lead + c0 + m] += seg
     else:
-        # Resampled: the noise is drawn into the receive buffer, in a worker thread for a
-        # long frame, while this thread interpolates the faded frame into its own buffer (no
-        # draws); then the carrier phase is drawn (the generator's draws keep their order)
-        # and each segment is rotated and added to the noise: the same products and sums, in
-        # the same order and segments (the rotator's start phase is rounded per segment), as
-        # interpolating, rotating and adding segment by segment after the noise.
-        frame = np.empty(n_frame, dtype=np.complex64)
-        with _NoiseDraw(noise, rx, noise_var, rng, parallel=n_rx >= _PARALLEL_MIN):
-            segments = _resampled_into(frame, s, gain if faded else None, delay, lead, ratio)
-        rot = _Rotator(cfo / sample_rate_hz, float(rng.uniform(-np.pi, np.pi)))
-        for c0, m in segments:
-            seg = frame[c0 : c0 + m]
-            seg *= rot.chunk(lead + c0, m)
-            rx[lead + c0 : lead + c0 + m] += seg
+        # Resampled: this thread interpolates the faded frame into its own buffer (no
+        # draws) and hands it over segment by segment; the noise, then the carrier phase
+        # (the generator's draws keep their order), then the rotation and addition of each
+        # segment are done beside it for a long frame (:class:`_Beside`): the same products
+        # and sums, in the same segments (the rotator's start phase is rounded per
+        # segment), as interpolating, rotating and adding segment by segment after the noise.
+        # The frame's buffer has a little slack: the interpolator writes whole rows into it.
+        frame = np.empty(n_frame + _FRAME_SLACK, dtype=np.complex64)
+        with _Beside(noise, rx, noise_var, rng, cfo / sample_rate_hz, frame, lead,
+                     parallel=n_rx >= _PARALLEL_MIN) as beside:
+            for segment in _resampled_segments(frame, n_frame, s, gain if faded else None,
+                                               delay, lead, ratio):
+                beside.put(segment)
     truth = EmulatedTruth(
         gain=gain, noise_var=noise_var, cfo_hz=cfo, delay_samples=delay, sro_ppm=params.sro_ppm
     )
     return rx, truth
 
 
-def _resampled_into(
-    out: np.ndarray, s: np.ndarray, gain: np.ndarray | None, delay: float, lead: int,
-    ratio: float,
-) -> list[tuple[int, int]]:
-    """The noiseless received frame before the carrier offset, into ``out`` (``complex64
-    (n_frame,)``): ``s`` faded by ``gain`` (``None``: not faded), delayed by ``delay``
+def _resampled_segments(
+    out: np.ndarray, n_frame: int, s: np.ndarray, gain: np.ndarray | None, delay: float,
+    lead: int, ratio: float,
+) -> Iterator[tuple[int, int]]:
+    """The noiseless received frame before the carrier offset, into ``out[:n_frame]``
+    (``out``: ``complex64``, contiguous, at least ``n_frame`` samples; those past ``n_frame``
+    are scratch): ``s`` faded by ``gain`` (``None``: not faded), delayed by ``delay``
     samples (``lead`` its ceiling: receiver sample ``lead + c`` is frame sample ``c``) and
     resampled by ``ratio``: receiver sample ``m`` sees the transmitted signal at time
-    ``(m - delay) * ratio``, held at the last transmitted sample past the end. Returns the
-    segments it was formed in, ``(first frame sample, length)``, in order."""
-    n_frame = out.size
+    ``(m - delay) * ratio``, held at the last transmitted sample past the end.
+
+    Yields
+    ------
+    tuple
+        The segments of :func:`_resampled_frame`, ``(first frame sample, length)``, in order,
+        each once it is written: the interpolator's chunks, cut at every ``_CHUNK`` samples,
+        then the held samples.
+    """
     src = s
     if gain is not None:
         src = s.astype(np.complex64)
@@ -291,11 +299,17 @@ def _resampled_into(
     inside = max(min(n_frame, int(np.floor((s.size - 1 - start) / ratio)) + 1), 0)
     while inside > 0 and start + ratio * (inside - 1) > s.size - 1:
         inside -= 1
-    segments: list[tuple[int, int]] = []
-    for c0, seg in _resampled_frame(src, start, ratio, inside, n_frame):
-        out[c0 : c0 + seg.size] = seg
-        segments.append((c0, seg.size))
-    return segments
+    done = 0
+    if inside:
+        # The interpolator writes straight into ``out``.
+        for piece in sample_line_chunks(src, start, ratio, inside, out=out):
+            for a in range(0, piece.size, _CHUNK):
+                yield done + a, min(_CHUNK, piece.size - a)
+            done += piece.size
+    if done < n_frame:
+        out[done:n_frame] = sample_line(src, float(src.size - 1), 1.0, 1)[0]
+        for c0 in range(done, n_frame, _CHUNK):
+            yield c0, min(_CHUNK, n_frame - c0)
 
 
 def _draw_noise(noise: ChannelNoise, rx: np.ndarray, noise_var: float,
@@ -308,29 +322,109 @@ def _draw_noise(noise: ChannelNoise, rx: np.ndarray, noise_var: float,
         rx.view(np.float32)[:] = 0.0
 
 
-class _NoiseDraw:
-    """The receiver noise drawn into ``rx`` (:func:`_draw_noise`) during a ``with`` block:
-    in the process's side thread (:func:`radio.side_thread.side_thread`) when ``parallel``
-    (numpy releases the GIL in its draws and ufuncs, so it runs beside the block's work),
-    else on entry. Leaving the block waits for it and raises what it raised."""
+class _Beside:
+    """The resampled path's receiver noise and carrier offset, around the interpolation.
+
+    The noise is drawn into ``rx`` (:func:`_draw_noise`), then the carrier phase from
+    ``rng``, then each frame segment handed over (:meth:`put`) is rotated
+    (:class:`_Rotator`) and added to ``rx``. With ``parallel`` that runs in the process's
+    side thread (:func:`radio.side_thread.side_thread`; numpy releases the GIL in its draws
+    and ufuncs) while the ``with`` block interpolates: the segments are rotated as they come
+    once the noise is drawn, and on leaving the block this thread takes the ones still
+    waiting too (the two threads add disjoint segments, with rotators of the same phase),
+    then waits for the side thread and raises what it raised. Otherwise the noise is drawn
+    on entry and the segments rotated in order on leaving. Each segment gets the same
+    products and sums either way; the block must not draw from ``rng``.
+
+    Parameters
+    ----------
+    noise, rx, noise_var, rng
+        As :func:`_draw_noise`; ``rng`` then gives the carrier phase.
+    cycles
+        Carrier offset (cycles per sample).
+    frame
+        The interpolated frame; receiver sample ``lead + c`` is frame sample ``c``.
+    lead
+        Receiver samples before the frame.
+    parallel
+        Work in the side thread.
+    """
 
     def __init__(self, noise: ChannelNoise, rx: np.ndarray, noise_var: float,
-                 rng: np.random.Generator, *, parallel: bool) -> None:
-        self._args = (noise, rx, noise_var, rng)
+                 rng: np.random.Generator, cycles: float, frame: np.ndarray, lead: int, *,
+                 parallel: bool) -> None:
+        self._noise = (noise, rx, noise_var, rng)
+        self._cycles, self._frame, self._lead, self._rx = cycles, frame, lead, rx
         self._parallel = parallel
+        self._waiting: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self._later: list[tuple[int, int]] = []
+        self._phase: float | None = None  # set once the noise is drawn
+        self._drawn = threading.Event()  # set when the noise is drawn or failed
         self._future: Future[None] | None = None
 
-    def __enter__(self) -> _NoiseDraw:
+    def __enter__(self) -> _Beside:
         if self._parallel:
-            self._future = side_thread().submit(_draw_noise, *self._args)
+            self._future = side_thread().submit(self._beside)
         else:
-            _draw_noise(*self._args)
+            _draw_noise(*self._noise)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._future is not None:
-            self._future.result()  # waits (also when the block raised) and re-raises
+    def put(self, segment: tuple[int, int]) -> None:
+        """Hand over a written segment ``(first frame sample, length)``."""
+        if self._parallel:
+            self._waiting.put(segment)
+        else:
+            self._later.append(segment)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if self._future is None:
+            if exc_type is None:
+                rot = _Rotator(self._cycles, float(self._noise[3].uniform(-np.pi, np.pi)))
+                for segment in self._later:
+                    self._turn(rot, segment)
+            return
+        try:
+            if exc_type is None:
+                self._drawn.wait()
+                if self._phase is not None:
+                    rot = _Rotator(self._cycles, self._phase)
+                    while True:
+                        try:
+                            item = self._waiting.get_nowait()
+                        except queue.Empty:
+                            break
+                        if item is None:  # not put yet: only this thread ends the queue
+                            break
+                        self._turn(rot, item)
+        finally:
+            self._waiting.put(None)  # the side thread stops after the segments before it
+            if exc_type is None:
+                self._future.result()  # waits and re-raises
+            else:
+                wait([self._future])  # the block's exception goes on
+
+    def _beside(self) -> None:
+        """The side thread's part: noise, phase, then segments until ``None``."""
+        try:
+            _draw_noise(*self._noise)
+            self._phase = float(self._noise[3].uniform(-np.pi, np.pi))
+        finally:
+            self._drawn.set()
+        rot = _Rotator(self._cycles, self._phase)
+        while (segment := self._waiting.get()) is not None:
+            self._turn(rot, segment)
+
+    def _turn(self, rot: _Rotator, segment: tuple[int, int]) -> None:
+        """Rotate a segment of the frame and add it to ``rx``; the product goes into the
+        rotator's buffer (in the cache), not back into the frame."""
+        c0, m = segment
+        turned = rot.chunk(self._lead + c0, m)
+        np.multiply(self._frame[c0 : c0 + m], turned, out=turned)
+        self._rx[self._lead + c0 : self._lead + c0 + m] += turned
 
 
-#: Receive buffers from this many samples draw their noise in a worker thread.
+#: Receive buffers from this many samples draw their noise (and rotate) in a worker thread.
 _PARALLEL_MIN = 1 << 17
+#: Spare samples after a resampled frame: the interpolator computes rows of 64 samples
+#: (:mod:`radio.line_sampler`) and writes the last one whole when there is room.
+_FRAME_SLACK = 64

@@ -233,3 +233,62 @@ def test_a_failed_noise_draw_in_the_worker_is_raised(monkeypatch: pytest.MonkeyP
     em = EmulatorParams(delay_max_samples=10.0, sro_ppm=20.0)
     with pytest.raises(OSError, match="no entropy"):
         emulate(np.ones(5000, np.complex64), em, 0.1, 1e6, np.random.default_rng(1), Broken())
+
+
+@pytest.mark.parametrize("slow", ["worker", "interpolation"])
+def test_segments_rotated_by_either_thread_give_the_same_samples(
+    monkeypatch: pytest.MonkeyPatch, slow: str,
+) -> None:
+    """The worker rotates and adds the segments it is handed once the noise is drawn; the
+    interpolating thread, when it is done, takes those still waiting. A slow worker leaves
+    most segments to the interpolating thread, a slow interpolation most to the worker.
+    Either way bit for bit the samples of forming, rotating and adding after the noise."""
+    import threading
+    import time
+    from collections import Counter
+
+    import radio.waveform_channel as wc
+
+    turned_by: Counter[bool] = Counter()
+    turn = wc._Beside._turn
+
+    def counted_turn(self: wc._Beside, rot: _Rotator, segment: tuple[int, int]) -> None:
+        in_worker = threading.current_thread() is not threading.main_thread()
+        turned_by[in_worker] += 1
+        if slow == "worker" and in_worker:
+            time.sleep(0.2)
+        turn(self, rot, segment)
+
+    def slow_chunks(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        for chunk in sample_line_chunks(*args, **kwargs):  # type: ignore[arg-type]
+            time.sleep(0.05)
+            yield chunk
+
+    monkeypatch.setattr(wc, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(wc._Beside, "_turn", counted_turn)
+    monkeypatch.setattr(line_sampler, "LINE_CHUNK", _CHUNK)  # a segment per chunk
+    if slow == "interpolation":
+        monkeypatch.setattr(wc, "sample_line_chunks", slow_chunks)
+    s = _band_limited(5 * _CHUNK + 321, np.random.default_rng(7))
+    em = EmulatorParams(cfo_hz=700.0, delay_max_samples=90.0, sro_ppm=-40.0, tail_samples=9)
+    rx, _ = emulate(s, em, 0.3, 1e6, np.random.default_rng(9))
+    assert turned_by[slow == "interpolation"] >= 1
+    ref = _emulate_segment_by_segment(s, em, 0.3, 1e6, np.random.default_rng(9))
+    assert np.array_equal(rx.view(np.uint32), ref.view(np.uint32))
+
+
+def test_sample_line_chunks_into_a_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into the caller's buffer: the same chunks, as views of it; an exact-size buffer (no
+    room for the last row) is written up to the line's end and not past it."""
+    monkeypatch.setattr(line_sampler, "LINE_CHUNK", 4 * line_sampler._ROW)
+    x = _band_limited(3000, np.random.default_rng(5))
+    for step in (1.0, 1 + 3e-4, 1.02):
+        want = [c.copy() for c in sample_line_chunks(x, 1.3, step, 2900)]
+        for size in (2900, 2900 + line_sampler._ROW):
+            buf = np.full(size + 5, 7.0 + 0j, dtype=np.complex64)
+            out = buf[:size]
+            got = list(sample_line_chunks(x, 1.3, step, 2900, out=out))
+            assert all(np.shares_memory(g, out) for g in got)
+            assert [g.size for g in got] == [w.size for w in want]
+            assert np.array_equal(out[:2900], np.concatenate(want))
+            assert np.all(buf[size:] == 7.0)

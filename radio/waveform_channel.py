@@ -393,8 +393,7 @@ class _Beside:
                             item = self._waiting.get_nowait()
                         except queue.Empty:
                             break
-                        if item is None:  # not put yet: only this thread ends the queue
-                            break
+                        assert item is not None  # only this thread ends the queue, below
                         self._turn(rot, item)
         finally:
             self._waiting.put(None)  # the side thread stops after the segments before it

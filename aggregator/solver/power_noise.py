@@ -111,8 +111,9 @@ class _Terms:
         # b = b0 up to rounding means no artificial noise (a ~ 1e-19 is an artefact).
         return np.where(a > self.a_floor, a, 0.0)
 
-    def g_of(self, b: np.ndarray) -> np.ndarray:
-        return (self.tq * self.a_of(b) + self.n) / b
+    def g_of(self, b: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:
+        """Convergence terms at ``b`` (``a``: :meth:`a_of` ``(b)`` when already known)."""
+        return (self.tq * (self.a_of(b) if a is None else a) + self.n) / b
 
     def breakpoints(self) -> np.ndarray:
         pts = [self.z2 * self.b0**2 / self.n]
@@ -231,7 +232,7 @@ def _exact_in_piece(terms: _Terms, left: float, right: float, budget: float) -> 
 
 def _solution(terms: _Terms, b: np.ndarray, lam: float, *, feasible: bool) -> PowerNoiseSolution:
     a = terms.a_of(b)
-    g = (terms.tq * a + terms.n) / b  # terms.g_of(b), with a computed once
+    g = terms.g_of(b, a)
     capped = b >= terms.bmax * (1.0 - 1e-12)
     regimes = tuple(
         REGIME_POWER if c else (REGIME_ARTIFICIAL if ai else REGIME_CHANNEL)

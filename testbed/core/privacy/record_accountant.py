@@ -221,7 +221,8 @@ class RecordAccountant:
         trie, nodes, history = self._trie, self._nodes, self._events
         root, child, relation = trie.root, trie.child, self._relation
         token, compute = self._key_token, self._compute_key
-        for a, b in zip(starts, [*starts[1:], len(events)][:len(starts)], strict=True):
+        ends = [*starts[1:], len(events)] if starts else []
+        for a, b in zip(starts, ends, strict=True):
             first = events[a]
             if type(first) not in _RECORD_CLASSES or first.relation != relation:
                 self._check(first)  # raises (or accepts a subclass)

@@ -49,7 +49,12 @@ Figures (value: the testbed's best setting; baseline: Flower's best, in the same
 * ``default_job_wall`` (aim <= 0.25), ``default_job_cpu`` (aim <= 1), ``default_job_memory``
   (aim <= 0.1), ``default_job_accuracy`` (no aim; equal accuracy is part of the claim);
 * ``private_job_wall``, ``private_job_cpu``, ``private_job_memory`` and
-  ``private_job_accuracy`` against Flower + Opacus (no aims).
+  ``private_job_accuracy`` against Flower + Opacus (no aims);
+* ``memory_floor``: the peak PSS of a fresh interpreter that only imports numpy and torch
+  (then waits a second, so that the sampler sees it), measured the same way, against
+  Flower's best setting of the default job (no aim). Every process that trains with torch
+  pays it, so no torch trainer gets below this ratio; where it exceeds ``default_job_memory``'s
+  aim, that aim cannot be met while the testbed trains with torch.
 
 Sizes: default 3 rounds of the default job and 1 of the private job, one repeat (about a
 minute and a half on the shared 2-core machine, mostly the start of Ray and of the jobs);
@@ -372,6 +377,20 @@ def measure(s: Setting, rounds: int, flower_path: Path | None, sample_s: float) 
                     extra=extra)
 
 
+#: The floor of a torch trainer's memory: an interpreter that imports numpy and torch, then
+#: stays a second for the sampler.
+FLOOR_CODE = "import numpy, torch, time; time.sleep(1.0)"
+
+
+def measure_floor(sample_s: float) -> float:
+    """Peak PSS (MiB) of a fresh interpreter that only imports numpy and torch."""
+    with tempfile.TemporaryDirectory(prefix="bench_flower_") as tmp:
+        m, _ = run_measured([sys.executable, "-c", FLOOR_CODE],
+                            {**os.environ, "PYTHONPATH": _pythonpath(REPO_ROOT)}, Path(tmp),
+                            sample_s)
+    return float(m["peak_pss_mib"])
+
+
 # -- figures ---------------------------------------------------------------------------------
 def medians(runs: list[Measured]) -> dict[str, float]:
     """The median of each measure over a setting's runs."""
@@ -417,6 +436,19 @@ def job_figures(results: dict[Setting, list[Measured]], job: str, note: str) -> 
         baseline_name=base, note=f"{head}; final full-test-set accuracy; median of {n}; {note}",
     ))
     return figs
+
+
+def floor_figure(results: dict[Setting, list[Measured]], floors: list[float], note: str
+                 ) -> Figure:
+    """``memory_floor``: the median of ``floors`` (MiB, :func:`measure_floor`) against the
+    peak PSS of Flower's best setting of the default job (no aim)."""
+    fs, fm = best(results, "flower", "default")
+    return figure(
+        "memory_floor", float(statistics.median(floors)), fm["peak_pss_mib"], "MiB",
+        better="lower", baseline_name=f"Flower, {fs.label.split(' ', 1)[1]}",
+        note=f"peak PSS of an interpreter that only imports numpy and torch (median of "
+             f"{len(floors)}), against Flower's default job: no process that trains with "
+             f"torch is below it; {note}")
 
 
 def plan(jobs: list[str], settings: str, repeats: int) -> list[Setting]:
@@ -486,8 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     subreaper = become_subreaper()
     load_before = os.getloadavg()
     results: dict[Setting, list[Measured]] = {}
+    floors: list[float] = []
     order = plan(jobs, settings, repeats)
     for k, s in enumerate(order, 1):
+        if (s.side, s.job) == ("testbed", "default"):  # beside each testbed run of it
+            floors.append(measure_floor(args.sample))
+            print(f"    floor (import numpy, torch): peak PSS {floors[-1]:.0f} MiB",
+                  file=sys.stderr, flush=True)
         r = rounds if s.job == "default" else private_rounds
         print(f"[{k}/{len(order)}] {s.job} job, {r} round{'s' if r != 1 else ''}: {s.label} "
               "...", file=sys.stderr, flush=True)
@@ -504,12 +541,13 @@ def main(argv: list[str] | None = None) -> int:
     for job in jobs:
         r = rounds if job == "default" else private_rounds
         figures += job_figures(results, job, f"{r} round{'s' if r != 1 else ''}; {load}")
+    figures.append(floor_figure(results, floors, load))
     flwr_version = subprocess.run(
         [sys.executable, "-c", "import flwr; print(flwr.__version__)"], capture_output=True,
         text=True, env=flower_env(flower_path), check=False).stdout.strip()
     result: dict[str, Any] = {
         "rounds": rounds, "private_rounds": private_rounds, "repeats": repeats,
-        "settings": settings, "flwr": flwr_version,
+        "settings": settings, "flwr": flwr_version, "memory_floor_mib": floors,
         "flower_path": None if flower_path is None else str(flower_path),
         "subreaper": subreaper, "cores": cores, "loadavg_before": load_before,
         "loadavg_after": load_after, "sample_s": args.sample,

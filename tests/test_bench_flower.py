@@ -75,6 +75,17 @@ def test_figures_compare_each_sides_best_setting(bench: ModuleType) -> None:
     assert [f.ratio for f in parsed] == [f.ratio for f in figs.values()]
 
 
+def test_memory_floor_is_a_torch_import_against_flowers_best(bench: ModuleType) -> None:
+    floor = bench.measure_floor(0.05)  # a real interpreter importing numpy and torch
+    assert 60.0 < floor < 2000.0, floor  # torch alone maps well over 60 MiB
+    s = bench.Setting
+    results = {s("flower", "default", "1"): [_run(bench, 60.0, 50.0, 2000.0, 0.79)],
+               s("flower", "default", "2"): [_run(bench, 40.0, 60.0, 3000.0, 0.78)]}
+    fig = bench.floor_figure(results, [200.0, 230.0, 210.0], "n")
+    assert (fig.name, fig.value, fig.baseline) == ("memory_floor", 210.0, 3000.0)
+    assert fig.aim is None and fig.unit == "MiB" and "parallel=2" in fig.baseline_name
+
+
 def test_private_figures_have_no_aims(bench: ModuleType) -> None:
     s = bench.Setting
     results = {s("testbed", "private", "auto"): [_run(bench, 20.0, 30.0, 900.0, 0.5)],

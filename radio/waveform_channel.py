@@ -149,34 +149,6 @@ class _Rotator:
         return np.multiply(self._table[:m], start, out=self._buf[:m])
 
 
-def _resampled_frame(
-    src: np.ndarray, start: float, ratio: float, inside: int, n_frame: int
-) -> Iterator[tuple[int, np.ndarray]]:
-    """The frame as the receiver samples it, in segments of at most ``_CHUNK`` samples.
-
-    Positions ``start + ratio * k`` for ``k < inside`` (band-limited interpolation,
-    :func:`radio.line_sampler.sample_line_chunks`), then the last transmitted sample held up to
-    ``n_frame`` samples.
-
-    Yields
-    ------
-    tuple
-        Frame index ``c0`` of the segment's first sample and the segment (``complex64``,
-        shape ``(m,)``, ``m <= _CHUNK``), which the consumer may overwrite; it is valid until
-        the next segment is requested.
-    """
-    done = 0
-    if inside:
-        for piece in sample_line_chunks(src, start, ratio, inside):
-            for a in range(0, piece.size, _CHUNK):
-                yield done + a, piece[a : a + _CHUNK]
-            done += piece.size
-    if done < n_frame:
-        held = sample_line(src, float(src.size - 1), 1.0, 1)
-        for c0 in range(done, n_frame, _CHUNK):
-            yield c0, np.repeat(held, min(_CHUNK, n_frame - c0))
-
-
 def fading_gains(
     params: EmulatorParams, n: int, sample_rate_hz: float, rng: np.random.Generator
 ) -> np.ndarray:
@@ -287,8 +259,8 @@ def _resampled_segments(
     Yields
     ------
     tuple
-        The segments of :func:`_resampled_frame`, ``(first frame sample, length)``, in order,
-        each once it is written: the interpolator's chunks, cut at every ``_CHUNK`` samples,
+        The segments ``(first frame sample, length)``, in order, each once it is
+        written: the interpolator's chunks, cut at every ``_CHUNK`` samples,
         then the held samples.
     """
     src = s

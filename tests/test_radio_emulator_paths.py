@@ -7,6 +7,8 @@ positions, each position's filter from the interpolator's table applied sample b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -171,12 +173,42 @@ def test_emulated_timing_is_band_limited_resampling(sro_ppm: float, fading: str)
     assert np.all(rx[:lead] == 0) and np.all(rx[lead + n_frame :] == 0)
 
 
+def _frame_segments(
+    src: np.ndarray, start: float, ratio: float, inside: int, n_frame: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """The frame as the receiver samples it, in segments of at most ``_CHUNK`` samples: the
+    reference the emulator's in-place path is checked against (chunks copied out of the
+    sampler's own buffer, the held samples repeated).
+
+    Positions ``start + ratio * k`` for ``k < inside`` (band-limited interpolation,
+    :func:`radio.line_sampler.sample_line_chunks`), then the last transmitted sample held up to
+    ``n_frame`` samples.
+
+    Yields
+    ------
+    tuple
+        Frame index ``c0`` of the segment's first sample and the segment (``complex64``,
+        shape ``(m,)``, ``m <= _CHUNK``), which the consumer may overwrite; it is valid until
+        the next segment is requested.
+    """
+    done = 0
+    if inside:
+        for piece in sample_line_chunks(src, start, ratio, inside):
+            for a in range(0, piece.size, _CHUNK):
+                yield done + a, piece[a : a + _CHUNK]
+            done += piece.size
+    if done < n_frame:
+        held = sample_line(src, float(src.size - 1), 1.0, 1)
+        for c0 in range(done, n_frame, _CHUNK):
+            yield c0, np.repeat(held, min(_CHUNK, n_frame - c0))
+
+
 def _emulate_segment_by_segment(s: np.ndarray, em: EmulatorParams, noise_var: float,
                                 fs: float, rng: np.random.Generator) -> np.ndarray:
     """The resampled path as one thread forms it: the same draws (gains, delay, offset, the
     noise into the buffer, then the carrier phase), then each interpolated segment rotated
     and added to the noise in turn."""
-    from radio.waveform_channel import _resampled_frame, fading_gains
+    from radio.waveform_channel import fading_gains
 
     gain = fading_gains(em, s.size, fs, rng)
     delay = float(rng.uniform(0.0, em.delay_max_samples))
@@ -193,7 +225,7 @@ def _emulate_segment_by_segment(s: np.ndarray, em: EmulatorParams, noise_var: fl
     inside = max(min(n_frame, int(np.floor((s.size - 1 - start) / ratio)) + 1), 0)
     while inside > 0 and start + ratio * (inside - 1) > s.size - 1:
         inside -= 1
-    for c0, seg in _resampled_frame(src, start, ratio, inside, n_frame):
+    for c0, seg in _frame_segments(src, start, ratio, inside, n_frame):
         seg *= rot.chunk(lead + c0, seg.size)
         rx[lead + c0 : lead + c0 + seg.size] += seg
     return rx

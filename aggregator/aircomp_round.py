@@ -172,7 +172,7 @@ def aircomp_round(
     if not events:
         return air.no_slot(asked)
     uploads: dict[int, Upload] = {}
-    for got in devices.ask(t, state.w, dict(events), {}, _no_journal, stop, timer):
+    for got in devices.ask(t, state.w, dict(events), _no_journal, stop, timer):
         if not isinstance(got.answer, Upload):
             raise RuntimeError(f"device {got.device}: aircomp needs every participant's upload "
                                f"in this process, got {type(got.answer).__name__}")
@@ -271,8 +271,9 @@ def _no_journal(i: int, event: Any) -> str | None:  # pragma: no cover - never c
 def usable_kept(kept: dict[int, tuple[np.ndarray | None, dict[str, Any]]]
                 ) -> dict[int, tuple[np.ndarray | None, dict[str, Any]]]:
     """An interrupted aircomp round's kept entries, with the sum dropped unless every
-    participant of its slot was kept (a partial slot would count the missing devices'
-    contributions twice when they are asked again; dropping it costs no privacy)."""
+    participant of its slot was kept (the missing participants are lost for the round,
+    :mod:`aggregator.resumed_round`, so a sum with their contributions in it is not used;
+    dropping it costs no privacy)."""
     slots = {tuple(info.get("aircomp_participants", ())) for _, info in kept.values()}
     complete = all(set(s) <= set(kept) for s in slots)
     return kept if complete else {i: (None, info) for i, (_, info) in kept.items()}

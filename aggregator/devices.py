@@ -62,9 +62,6 @@ class Upload:
         ``None``: the aggregator carries ``symbols`` over the run's link.
     energy_comm_j
         The radio energy the edge reported (J); ``None``: computed from ``symbol_energy``.
-    recorded
-        Already in the ledger (a restarted aggregator asked the device again under the
-        recorded nonce): carried and decoded, not recorded a second time.
     extra
         Fields added to the device's metrics entry.
     """
@@ -77,7 +74,6 @@ class Upload:
     train_loss: float
     received: Reception | LinkError | None = None
     energy_comm_j: float | None = None
-    recorded: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,7 +104,7 @@ class Undecodable:
 @dataclass
 class Settled:
     """A device the remote side settled itself (it rejoined mid-round and reported its
-    ledger; or a restarted aggregator's charged device whose update is lost): its metrics
+    ledger): its metrics
     entry and decoded differential (``None``: nothing to add)."""
 
     entry: dict[str, Any]
@@ -186,21 +182,17 @@ class Devices(Protocol):
     def begin_round(self, t: int, stop: StopSignals) -> None:
         """Before round ``t`` is gated (the lab waits for edges that dropped out)."""
 
-    def charged(self, t: int, kept: set[int]) -> dict[int, tuple[str, PrivacyEvent]]:
-        """Devices (not in ``kept``) already in the ledger for round ``t``, with the nonce
-        and event recorded: only a restarted lab aggregator's first round has any."""
-
     def absent(self, devices: set[int]) -> set[int]:
         """Those of ``devices`` that cannot be asked now (not connected)."""
 
     def ask(
-        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],
-        charged: dict[int, tuple[str, PrivacyEvent]], journal: Journal, stop: StopSignals,
-        timer: StageTimer,
+        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], journal: Journal,
+        stop: StopSignals, timer: StageTimer,
     ) -> Iterator[Answered]:
         """Ask ``asked`` (device -> gated event) for their uploads of round ``t`` from the
-        global model ``w`` (``(d,)``), and ``charged`` devices again under their recorded
-        nonces; yield one answer per device of ``asked`` and ``charged``, in device order."""
+        global model ``w`` (``(d,)``); yield one answer per device of ``asked``, in device
+        order. A device already recorded for the round is never among them
+        (:mod:`aggregator.resumed_round`)."""
 
     def acknowledge(self, t: int, i: int, nonce: str | None, event: PrivacyEvent) -> None:
         """Tell device ``i`` its upload of round ``t`` is settled, as recorded (``event``)."""
@@ -211,12 +203,12 @@ class Devices(Protocol):
         back until every upload was settled (a dead receiver)."""
 
     def secure_round(
-        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],
-        charged: dict[int, tuple[str, PrivacyEvent]], stop: StopSignals, timer: StageTimer,
+        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], stop: StopSignals,
+        timer: StageTimer,
     ) -> SecAggOutcome:
         """Round ``t`` of 002's secure aggregation among ``asked`` (device -> gated event):
         their updates summed, each recorded in the ledger before the sum is revealed. The
-        outcome has an entry for each of ``asked`` and ``charged``."""
+        outcome has an entry for each of ``asked``."""
 
     def end_run(self, summary: dict[str, Any]) -> None:
         """The run ended (``summary``): let the devices go."""

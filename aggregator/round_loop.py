@@ -2,9 +2,10 @@
 
 One round ``t``:
 
-1. **plan**: the uploads of the round kept before an interruption (``inflight/``), devices
-   already charged for it (a restarted lab aggregator), the devices selected
-   (:func:`aggregator.sampling.round_devices`) and those that cannot be asked now;
+1. **plan**: the uploads of the round kept before an interruption (``inflight/``), those
+   recorded but not kept (lost for the round and not asked again: a (device, round) is
+   released and charged at most once, :mod:`aggregator.resumed_round`), the devices
+   selected (:func:`aggregator.sampling.round_devices`) and those that cannot be asked now;
 2. **gate**: each device's upload checked against its budget before any of the round's
    training (on a link with an exact channel state, with the probed state's credit);
 3. **ask** the gated devices through :class:`aggregator.devices.Devices` (in this process,
@@ -29,6 +30,7 @@ import numpy as np
 
 from aggregator.aircomp_round import aircomp_round, usable_kept
 from aggregator.devices import Devices, Upload
+from aggregator.resumed_round import lost_entry, recorded_in_round
 from aggregator.round_close import close_round
 from aggregator.sampling import round_devices
 from aggregator.settle import settle, tally
@@ -58,6 +60,19 @@ class RoundLoop:
         self.devices = devices
         #: Training losses of the committed rounds (``stop_at_loss``).
         self.losses: list[float] = []
+        #: The first round this process ran (only it can find uploads recorded, not kept).
+        self.first_round: int | None = None
+
+    def recorded_not_kept(self, t: int, kept: set[int]) -> set[int]:
+        """Devices (not in ``kept``) whose upload of round ``t`` is in the ledger already:
+        lost for the round, never asked again (:mod:`aggregator.resumed_round`). Only the
+        first round this process runs is searched; in any later one a device is recorded
+        after it was asked."""
+        if self.first_round is None:
+            self.first_round = t
+        if t != self.first_round:
+            return set()
+        return set(recorded_in_round(self.state.book, t, kept))
 
     def selected_devices(self, t: int) -> set[int]:
         """Devices asked to upload in round ``t`` (:func:`round_devices`)."""
@@ -92,7 +107,7 @@ class RoundLoop:
         events = {i: self.state.event(i, t, None) for i in devices}
         return {i: e if book is None or book.allows(e) else None for i, e in events.items()}
 
-    def _round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
+    def run_one_round(self, t: int, link: Link, stop: StopSignals) -> dict[str, Any] | None:
         """Round ``t``: its metrics line, or ``None`` when no device may upload without
         passing its budget (the run ends ``budget_exhausted``)."""
         state, cfg, devices = self.state, self.state.cfg, self.devices
@@ -100,18 +115,19 @@ class RoundLoop:
         timer = StageTimer()
         t0 = time.perf_counter()
         kept = state.rundir.load_inflight(t)  # uploads of this round before an interruption
-        charged = devices.charged(t, set(kept))
+        recorded = self.recorded_not_kept(t, set(kept))
         devices.begin_round(t, stop)
         selected = self.selected_devices(t)
-        absent = devices.absent(selected) - set(charged)
-        asked = sorted(selected - set(kept) - set(charged) - absent)
+        absent = devices.absent(selected) - recorded
+        asked = sorted(selected - set(kept) - recorded - absent)
         if cfg.scheme == "aircomp":
-            return self._aircomp(t, link, stop, timer, t0, usable_kept(kept), selected, asked)
+            return self._aircomp(t, link, stop, timer, t0, usable_kept(kept), selected, asked,
+                                 recorded)
         if secure:
             gated, ch_rngs = self.gate_secure(t, asked), {}
         else:
             gated, ch_rngs = timer.timed("gate", lambda: self.gate_devices(t, link, asked))
-        if not kept and not charged and not absent and all(gated[i] is None for i in asked):
+        if not kept and not recorded and not absent and all(gated[i] is None for i in asked):
             return None
         allowed = {i: e for i, e in gated.items() if e is not None}
         entries: dict[int, dict[str, Any]] = {}
@@ -120,7 +136,7 @@ class RoundLoop:
         losses: list[float] = []
         extra: dict[str, Any] = {}
         if secure:
-            outcome = devices.secure_round(t, state.w, allowed, charged, stop, timer)
+            outcome = devices.secure_round(t, state.w, allowed, stop, timer)
             entries = outcome.devices
             losses = outcome.losses
             if outcome.total is not None:  # an abandoned round leaves the model as it was
@@ -128,15 +144,17 @@ class RoundLoop:
             if outcome.report is not None:
                 extra["secagg"] = outcome.report
         else:
-            self._uploads(t, link, stop, timer, allowed, charged, ch_rngs, entries, vectors)
+            self._uploads(t, link, stop, timer, allowed, ch_rngs, entries, vectors)
             extra = devices.end_round(t)  # a dead receiver fails the round here
         listed = (range(cfg.devices) if devices.lists_every_device
-                  else sorted(selected | set(kept)))
+                  else sorted(selected | set(kept) | recorded))
         per_device: list[dict[str, Any]] = []
         for i in listed:
             if i in kept:
                 vec, info = kept[i]
                 tally({**info, "resumed": True}, vec, decoded, losses, per_device)
+            elif i in recorded:
+                per_device.append(lost_entry(i))
             elif i in vectors:
                 tally(entries[i], vectors[i], decoded, losses, per_device)
             elif i in entries:  # secure aggregation: the sum is decoded, not each upload
@@ -157,22 +175,24 @@ class RoundLoop:
     def _aircomp(
         self, t: int, link: Link, stop: StopSignals, timer: StageTimer, t0: float,
         kept: dict[int, tuple[np.ndarray | None, dict[str, Any]]], selected: set[int],
-        asked: list[int],
+        asked: list[int], recorded: set[int],
     ) -> dict[str, Any] | None:
         """Round ``t`` of over-the-air aggregation: ``asked`` in one slot
         (:func:`aggregator.aircomp_round.aircomp_round`), ``kept`` from before an
-        interruption; ``None`` when no device may transmit."""
+        interruption, ``recorded`` (not kept) lost; ``None`` when no device may transmit."""
         state = self.state
         out = aircomp_round(state, self.devices, link, t, asked, stop, timer) if asked else None
-        if out is None and not kept:
+        if out is None and not kept and not recorded:
             return None
         entries, total, losses, report = out or ({}, None, [], {})
         decoded: list[np.ndarray] = [] if total is None else [total]
         per_device: list[dict[str, Any]] = []
-        for i in sorted(selected | set(kept)):
+        for i in sorted(selected | set(kept) | recorded):
             if i in kept:
                 vec, info = kept[i]
                 tally({**info, "resumed": True}, vec, decoded, losses, per_device)
+            elif i in recorded:
+                per_device.append(lost_entry(i))
             elif i in entries:
                 per_device.append(entries[i])
             else:
@@ -188,22 +208,21 @@ class RoundLoop:
 
     def _uploads(
         self, t: int, link: Link, stop: StopSignals, timer: StageTimer,
-        allowed: dict[int, PrivacyEvent], charged: dict[int, tuple[str, PrivacyEvent]],
-        ch_rngs: dict[int, np.random.Generator], entries: dict[int, dict[str, Any]],
-        vectors: dict[int, np.ndarray | None],
+        allowed: dict[int, PrivacyEvent], ch_rngs: dict[int, np.random.Generator],
+        entries: dict[int, dict[str, Any]], vectors: dict[int, np.ndarray | None],
     ) -> None:
-        """Ask the ``allowed`` devices (and ``charged`` ones again) for their uploads of
-        round ``t`` and settle each answer, in device order, into ``entries`` (metrics) and
-        ``vectors`` (decoded differentials, ``None`` when lost)."""
+        """Ask the ``allowed`` devices for their uploads of round ``t`` and settle each
+        answer, in device order, into ``entries`` (metrics) and ``vectors`` (decoded
+        differentials, ``None`` when lost)."""
         state, cfg, devices = self.state, self.state.cfg, self.devices
         book = state.book
 
         def journal(i: int, event: PrivacyEvent) -> str | None:
             return book.begin(event) if book is not None else None
 
-        for got in devices.ask(t, state.w, allowed, charged, journal, stop, timer):
+        for got in devices.ask(t, state.w, allowed, journal, stop, timer):
             i, nonce = got.device, got.nonce
-            gated = allowed[i] if i in allowed else charged[i][1]
+            gated = allowed[i]
             rng = ch_rngs.get(i) or experiment_generator(cfg.seed, Stream.CHANNEL, i, t)
             with stop.critical():
                 if not got.journalled:

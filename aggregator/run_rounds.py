@@ -89,7 +89,7 @@ def run_rounds(
             startup_gc.resume()
             for t in range(start_round, cfg.rounds):
                 stop.check()
-                line = loop._round(t, link, stop)
+                line = loop.run_one_round(t, link, stop)
                 if line is None:
                     status = "budget_exhausted"
                     reason = (

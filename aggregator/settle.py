@@ -10,9 +10,10 @@ What each answer costs in privacy (:mod:`aggregator.devices`):
 * a :class:`~aggregator.devices.NoAnswer` counts with its gated values (it may have gone on
   air);
 * an :class:`~aggregator.devices.Undecodable` counts, with no channel credit;
-* a :class:`~aggregator.devices.Refused` withdraws the intent (nothing went on air);
-* an upload already ``recorded`` (asked again after a restart) is carried, never recorded a
-  second time.
+* a :class:`~aggregator.devices.Refused` withdraws the intent (nothing went on air).
+
+An upload already recorded before a restart is never asked for again
+(:mod:`aggregator.resumed_round`), so every answer here is recorded exactly once.
 """
 
 from __future__ import annotations
@@ -98,15 +99,15 @@ def receive(
     rng: np.random.Generator, timer: StageTimer,
 ) -> tuple[dict[str, Any], np.ndarray | None, PrivacyEvent]:
     """Carry device ``i``'s upload of round ``t`` over the link (or take what a receiver
-    captured of it), record it under the intent ``nonce`` (journalled before the air; not
-    when ``up.recorded``) and decode it.
+    captured of it), record it under the intent ``nonce`` (journalled before the air) and
+    decode it.
 
     Returns its metrics entry, its decoded differential (``None`` when lost) and the event
     it counts as. A dead link raises :class:`LinkFailed` after the upload is recorded
     without channel credit.
     """
     log_air(i, t, nonce)
-    book = None if up.recorded else state.book
+    book = state.book
     received = up.received
 
     def carry() -> Reception:
@@ -161,14 +162,14 @@ def receive(
 
 def settle(
     state: RunState, devices: Devices, t: int, i: int, nonce: str | None,
-    gated: PrivacyEvent | None, answer: Answer, link: Link, rng: np.random.Generator,
+    gated: PrivacyEvent, answer: Answer, link: Link, rng: np.random.Generator,
     timer: StageTimer,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     """Record (or withdraw) device ``i``'s answer to round ``t`` and acknowledge it.
 
     ``nonce``: the intent it was journalled under; ``gated``: the event the budget was
-    checked with (``None`` for an upload recorded before a restart). Returns its metrics
-    entry and decoded differential (``None``: nothing to add).
+    checked with. Returns its metrics entry and decoded differential (``None``: nothing to
+    add).
     """
     book = state.book
     if isinstance(answer, Settled):
@@ -178,7 +179,6 @@ def settle(
             book.cancel(nonce)
         return {"device": i, "transmitted": False, "refused": answer.reason}, None
     if isinstance(answer, NoAnswer):  # it may have transmitted, so it counts (gated values)
-        assert gated is not None
         if book is not None:
             assert nonce is not None
             book.commit(gated, nonce)
@@ -197,14 +197,9 @@ def settle(
     for key, value in answer.extra.items():
         info.setdefault(key, value)
     info["train_loss"] = answer.train_loss
-    if answer.recorded:
-        info |= {"resumed": True, "charged": True, "sent_again": True}
-        if book is not None:
-            info |= {f"epsilon_{k}": r.epsilon for k, r in book.epsilon(i).items()}
     # Kept after the ledger record is durable; durable itself at the group commit
     # (testbed.core.inflight, invariant 1).
     timer.timed("keep", lambda: state.rundir.keep_upload(t, i, vec, info))
     fault_point("after_inflight")
-    devices.acknowledge(t, i, nonce, gated if answer.recorded and gated is not None
-                        else committed)
+    devices.acknowledge(t, i, nonce, committed)
     return info, vec

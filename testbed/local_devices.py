@@ -209,22 +209,16 @@ class LocalDevices:
     def begin_round(self, t: int, stop: StopSignals) -> None:
         """Every device is here: nothing to wait for."""
 
-    def charged(self, t: int, kept: set[int]) -> dict[int, tuple[str, PrivacyEvent]]:
-        """None: a device is recorded only after it was trained and encoded here."""
-        return {}
-
     def absent(self, devices: set[int]) -> set[int]:
         return set()
 
     def ask(
-        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],
-        charged: dict[int, tuple[str, PrivacyEvent]], journal: Journal, stop: StopSignals,
-        timer: StageTimer,
+        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], journal: Journal,
+        stop: StopSignals, timer: StageTimer,
     ) -> Iterator[Answered]:
         """Train (in worker processes when there are some) and encode each asked device, in
         device order, each answer taken before the next device is encoded; the loop journals
         and transmits it (``journalled=False``)."""
-        assert not charged, "devices in this process are never charged before they are asked"
         order = sorted(asked)
         trained = self._training(t, w, order, stop)
         for i in order:
@@ -244,8 +238,8 @@ class LocalDevices:
         return {}
 
     def secure_round(
-        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],
-        charged: dict[int, tuple[str, PrivacyEvent]], stop: StopSignals, timer: StageTimer,
+        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], stop: StopSignals,
+        timer: StageTimer,
     ) -> SecAggOutcome:
         """002's secure aggregation with every device here: each asked device's update,
         recorded as a masked upload on the control plane (no channel credit), summed

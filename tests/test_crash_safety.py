@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -77,6 +78,34 @@ def _air_nonces(air_log: Path) -> list[str]:
     return [line["nonce"] for line in read_jsonl(air_log)]
 
 
+def _per_device_round(run: Path, air_log: Path) -> tuple[Counter, Counter]:
+    """How often each (device, round) is in the ledger and in the air log."""
+    with Ledger.open(run / "ledger.jsonl") as ledger:
+        charged = Counter((e.device, e.round) for e in ledger.events())
+    released = Counter((line["device"], line["round"]) for line in read_jsonl(air_log))
+    return charged, released
+
+
+def _check_released_and_charged_once(run: Path, air_log: Path) -> Counter:
+    """The rule of docs/privacy.md 5.2 on a finished run: every (device, round) at most once
+    in the ledger and at most once on the air, everything on the air charged, and every
+    charge accounted for in the metrics (the upload used, or lost with the reason).
+    Returns the ledger's (device, round) counts."""
+    charged, released = _per_device_round(run, air_log)
+    assert max(charged.values(), default=1) == 1, {k: n for k, n in charged.items() if n > 1}
+    assert max(released.values(), default=1) == 1, {k: n for k, n in released.items() if n > 1}
+    assert set(released) <= set(charged), set(released) - set(charged)
+    entries = {(d["device"], m["round"]): d for m in RunDir(run).metrics() for d in m["devices"]}
+    for key in charged:
+        entry = entries.get(key)
+        assert entry is not None, f"{key} charged, absent from the metrics"
+        assert entry.get("transmitted") or (entry.get("lost") and entry.get("charged")), entry
+    for key, entry in entries.items():
+        if entry.get("transmitted"):
+            assert key in charged, f"{key} used, not charged"
+    return charged
+
+
 def _max_epsilon(run: Path) -> float:
     """The largest device epsilon, recomputed from the ledger on disk (enforced: PLD)."""
     acc = RecordAccountant("pld", 1e-5)
@@ -125,6 +154,56 @@ def test_kill_between_transmit_and_ledger_then_rerun_round_loses_nothing(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 4
     assert _max_epsilon(run) <= TARGET
+    _check_released_and_charged_once(run, air)
+
+
+# The issue's reproduction on the shipped private config: the four points between an
+# upload's journal and its kept copy, each with one and two training workers. The default
+# selection keeps two of them (the after_commit kill that charged and sent twice, and the
+# journal point with forked workers); the rest run with -m slow.
+RESUME_POINTS = [
+    pytest.param(p, w, marks=[] if (p, w) in {("after_commit", 1), ("after_intent", 2)}
+                 else pytest.mark.slow)
+    for p in ("after_commit", "after_transmit", "after_inflight", "after_intent")
+    for w in (1, 2)
+]
+
+
+@pytest.mark.parametrize(("point", "workers"), RESUME_POINTS)
+def test_resume_releases_and_charges_each_device_round_at_most_once(
+    tmp_path: Path, tiny_overrides: list[str], point: str, workers: int
+) -> None:
+    """Killed at ``point`` in the last device's upload of round 0, then resumed: the upload
+    recorded before the kill (not kept) is lost for the round, charged once, and neither
+    asked for again nor sent again; every device's epsilon stays within its target."""
+    run, air = tmp_path / "run", tmp_path / "air.jsonl"
+    env = {"TESTBED_AIR_LOG": str(air)}
+    config = str(REPO / "testbed" / "config" / "private-fedsgd.yaml")
+    sets = [*tiny_overrides, "rounds=4", "local_steps=1", "batch_size=64", f"workers={workers}"]
+    args = ["run", config, "--no-progress", "--out", str(run)]
+    for o in {o.split("=", 1)[0]: o for o in sets}.values():
+        args += ["--set", o]
+    proc = _cli(args, {**env, "TESTBED_FAULT": f"{point}:4"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    proc = _cli(["run", "--resume", str(run)], env)
+    assert proc.returncode == 0, proc.stderr
+    charged = _check_released_and_charged_once(run, air)
+    _, released = _per_device_round(run, air)
+    # Device 3's round-0 upload: in the ledger once; on the air once unless the kill came
+    # before the air (the journal point), never twice.
+    assert charged[(3, 0)] == 1
+    assert released[(3, 0)] == (0 if point == "after_intent" else 1)
+    round0 = {d["device"]: d for d in RunDir(run).metrics()[0]["devices"]}
+    if point == "after_inflight":  # kept: reused as it was
+        assert round0[3].get("resumed") and round0[3]["transmitted"] is True
+    else:  # recorded, not kept: lost for the round, and the metrics say why
+        assert round0[3]["lost"] and round0[3]["charged"], round0[3]
+        assert "not asked again" in round0[3]["error"]
+    # every other (device, round) went on air and was charged once
+    assert sorted(charged) == [(i, t) for i in range(4) for t in range(4)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 4
+    assert _max_epsilon(run) <= 5.0  # the shipped config's target
 
 
 def test_sigterm_then_resume_charges_nothing_twice(
@@ -233,16 +312,22 @@ def test_ledger_written_for_another_target_is_refused(dp_run: Path) -> None:
     assert "ledger.jsonl" in proc.stderr and f"privacy.epsilon was {TARGET}" in proc.stderr
 
 
-#: Two kills each, covering every fault point once as first kill and once as second, at
-#: early and late counts (a count past the run's end lets the run finish).
-#: The default selection keeps three sequences that reach all five kill points; the other two
-#: (the same points at other counts) run with ``-m slow`` (the default stays under 15 min).
+#: Two kills each: every fault point is the first kill of one sequence and the second of
+#: the next (a cycle over FAULT_POINTS), at early and late counts (a count past the run's
+#: end lets the run finish), each with one and with two training workers. The default
+#: selection keeps three sequences that reach all six kill points; the others run with
+#: ``-m slow`` (the default stays under 15 min).
+_COUNTS = (3, 2, 7, 5, 1, 9)
+_DEFAULT_SEQUENCES = {0: 1, 2: 2, 4: 1}  # sequence -> workers
 KILL_SEQUENCES = [
-    [("after_intent", 3), ("after_checkpoint", 2)],
-    pytest.param([("after_transmit", 4), ("after_commit", 7)], marks=pytest.mark.slow),
-    [("after_commit", 2), ("after_inflight", 5)],
-    pytest.param([("after_inflight", 9), ("after_intent", 1)], marks=pytest.mark.slow),
-    [("after_checkpoint", 1), ("after_transmit", 9)],
+    pytest.param(
+        [(FAULT_POINTS[k], _COUNTS[k]), (FAULT_POINTS[(k + 1) % 6], _COUNTS[(k + 3) % 6])],
+        workers,
+        marks=[] if _DEFAULT_SEQUENCES.get(k) == workers else pytest.mark.slow,
+        id=f"{FAULT_POINTS[k]}+{FAULT_POINTS[(k + 1) % 6]}-w{workers}",
+    )
+    for k in range(6)
+    for workers in (1, 2)
 ]
 
 
@@ -250,11 +335,12 @@ KILL_SEQUENCES = [
 # that under load: Python start-up, torch import, data loading, the PLD noise calibration),
 # so each gets its own test and timeout instead of sharing one Hypothesis test's 600 s.
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("kills", KILL_SEQUENCES, ids=lambda k: "+".join(f"{p}:{n}" for p, n in k))
+@pytest.mark.parametrize(("kills", "workers"), KILL_SEQUENCES)
 def test_kill_points_never_lose_or_double_spend(
-    tmp_path_factory: pytest.TempPathFactory, tiny_overrides: list[str], kills: list
+    tmp_path_factory: pytest.TempPathFactory, tiny_overrides: list[str], kills: list,
+    workers: int,
 ) -> None:
-    _kill_and_resume(tmp_path_factory, tiny_overrides, kills)
+    _kill_and_resume(tmp_path_factory, [*tiny_overrides, f"workers={workers}"], kills)
 
 
 @pytest.mark.slow  # reason: up to 5 x 4 CLI runs; the fixed cases above run by default
@@ -269,12 +355,14 @@ def test_kill_points_never_lose_or_double_spend(
         st.tuples(st.sampled_from(FAULT_POINTS), st.integers(min_value=1, max_value=9)),
         min_size=1,
         max_size=2,
-    )
+    ),
+    workers=st.sampled_from([1, 2]),
 )
 def test_random_kill_points_never_lose_or_double_spend(
-    tmp_path_factory: pytest.TempPathFactory, tiny_overrides: list[str], kills: list
+    tmp_path_factory: pytest.TempPathFactory, tiny_overrides: list[str], kills: list,
+    workers: int,
 ) -> None:
-    _kill_and_resume(tmp_path_factory, tiny_overrides, kills)
+    _kill_and_resume(tmp_path_factory, [*tiny_overrides, f"workers={workers}"], kills)
 
 
 def _kill_and_resume(
@@ -301,5 +389,60 @@ def _kill_and_resume(
     assert all(ledger[n] == 1 for n in on_air)  # every upload on air, exactly once
     assert max(ledger.values()) == 1
     assert len(set(ledger) - set(on_air)) <= len(kills)  # at most one charged intent per kill
+    _check_released_and_charged_once(run, air)  # per (device, round), not only per nonce
     assert _max_epsilon(run) <= TARGET
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 3
+
+
+def _ledger_lines(run: Path) -> int:
+    path = run / "ledger.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+@pytest.mark.slow  # reason: 50+ SIGKILLs, each a CLI start (about 10 minutes on 2 cores)
+@pytest.mark.timeout(5400)
+def test_fifty_random_sigkills_never_release_or_charge_twice(
+    tmp_path_factory: pytest.TempPathFactory, tiny_overrides: list[str]
+) -> None:
+    """At least 50 SIGKILLs at random moments of private runs (channel-dp and ldp-fedavg,
+    one and two workers), each run resumed after every kill and then to its end: no
+    (device, round) charged twice or released twice, none lost without its metrics entry
+    saying so, every budget within its target. The seed is printed for a rerun."""
+    seed = int(os.environ.get("KILL_LOOP_SEED") or int.from_bytes(os.urandom(4), "little"))
+    rng = random.Random(seed)
+    kills, log = 0, []
+    while kills < 50:
+        base = tmp_path_factory.mktemp("loop")
+        run, air = base / "run", base / "air.jsonl"
+        env = {**os.environ, "TESTBED_AIR_LOG": str(air)}
+        scheme, workers = rng.choice(["channel-dp", "ldp-fedavg"]), rng.choice([1, 2])
+        overrides = [*_dp_overrides(tiny_overrides, 5), f"scheme={scheme}", f"workers={workers}"]
+        for _ in range(rng.randint(2, 6)):
+            fresh = not (run / "config.yaml").exists()
+            args = _run_args(run, overrides) if fresh else ["run", "--resume", str(run)]
+            before = _ledger_lines(run)
+            proc = subprocess.Popen([sys.executable, "-m", "testbed", *args], cwd=REPO, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            deadline = time.monotonic() + 600
+            # a round under way (the ledger grows), then a random moment of it
+            while (proc.poll() is None and _ledger_lines(run) <= before
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.6))
+            if proc.poll() is None:
+                proc.kill()
+            _, err = proc.communicate(timeout=600)
+            log.append((scheme, workers, proc.returncode))
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == -signal.SIGKILL, (seed, err.decode()[-2000:])
+            kills += 1
+        if not (run / "config.yaml").exists():  # killed before the directory was written
+            continue
+        done = _cli(["run", "--resume", str(run)], {"TESTBED_AIR_LOG": str(air)})
+        assert done.returncode == 0, (seed, done.stderr)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["rounds_completed"] == 5, seed
+        _check_released_and_charged_once(run, air)
+        assert _max_epsilon(run) <= TARGET, seed
+    print(f"seed {seed}: {kills} SIGKILLs over {len(log)} starts: {log}")

@@ -114,9 +114,12 @@ def test_aggregator_killed_five_times_mid_round_charges_each_round_once(
         assert not twice, (seed, kills, twice)
         assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(3)})
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        again = [(m["round"], d["device"]) for m in lines for d in m["devices"]
-                 if d.get("sent_again")]
-        assert again, (seed, kills)  # lab_after_request leaves recorded, unkept uploads
+        # lab_after_request and after_commit leave recorded, unkept uploads: lost for their
+        # round, never asked for again
+        lost = [(m["round"], d["device"]) for m in lines for d in m["devices"]
+                if d.get("lost") and d.get("resumed")]
+        assert lost, (seed, kills)
+        assert not any(d.get("sent_again") for m in lines for d in m["devices"])
         for i in range(3):
             edge = Counter(e["round"] for e in ledger_by_nonce(
                 tmp_path / f"edge-{i}" / "ledger.jsonl").values())
@@ -134,10 +137,9 @@ def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
     tmp_path: Path, scheme: str,
 ) -> None:
     """The crash between device 0's ledger record and ``inflight/`` (device 1's intent
-    journalled): both are charged once for the round; the edges adopt the records. Without
-    channel credit (ldp-fedavg) both are asked again under the recorded nonces and their
-    uploads used; with it (channel-dp) neither is asked (a second reception would average
-    the credited channel noise down), so the round has no upload of theirs."""
+    journalled): both are charged once for the round; the edges adopt the records. Neither
+    is asked again, with or without channel credit (a (device, round) is released and
+    charged at most once): the round has no upload of theirs, and the metrics say why."""
     keys, endpoint, procs = new_lab(tmp_path, 2)
     run = tmp_path / "agg"
     try:
@@ -155,12 +157,10 @@ def test_aggregator_killed_after_a_commit_resumes_without_a_second_charge(
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 3
         for dev in lines[1]["devices"]:  # both recorded before the crash
-            if scheme == "ldp-fedavg":  # both sent again, both used
-                assert dev["sent_again"] and dev["transmitted"] is True, dev
-            else:  # charged once, not asked: lost, and the metrics say why
-                assert dev["lost"] and dev["charged"] and not dev.get("sent_again"), dev
-                assert "credits channel noise" in dev["error"], dev
-        assert lines[1]["uploads"] == (2 if scheme == "ldp-fedavg" else 0)
+            # charged once, not asked: lost, and the metrics say why
+            assert dev["lost"] and dev["charged"] and not dev.get("sent_again"), dev
+            assert "not asked again" in dev["error"], dev
+        assert lines[1]["uploads"] == 0
         assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(2)})
     finally:
         procs.close()

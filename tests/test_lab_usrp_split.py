@@ -639,7 +639,6 @@ def test_aggregator_settles_on_air_uploads_with_the_captured_reception(tmp_path:
         hw,
         rundir,
         plane,
-        first_round=0,
         round_timeout_s=5.0,
         train_allowance_s=2.0,
         receiver_factory=_receiver_factory(air, agg),

@@ -55,8 +55,8 @@ def _subclasses_of(name: str) -> list[str]:
 
 
 def test_the_round_is_written_once_and_never_overridden() -> None:
-    assert _functions_named("_round") == [
-        f"aggregator/round_loop.py:{RoundLoop._round.__code__.co_firstlineno}"
+    assert _functions_named("run_one_round") == [
+        f"aggregator/round_loop.py:{RoundLoop.run_one_round.__code__.co_firstlineno}"
     ]
     assert _subclasses_of("RoundLoop") == []
 
@@ -86,9 +86,9 @@ def test_both_ways_of_running_build_the_same_loop(
         plane.peers[i] = Peer(i, b"id%d" % i, "x", dataset_size=100, ready=True)
     rundir = RunDir.create(tmp_path / "lab")
     write_metadata(rundir, cfg, hw)
-    lab = lab_loop(cfg, hw, rundir, plane, first_round=0, round_timeout_s=5.0)
+    lab = lab_loop(cfg, hw, rundir, plane, round_timeout_s=5.0)
     assert type(lab) is RoundLoop and isinstance(lab.devices, RemoteDevices)
-    assert type(lab).__dict__["_round"] is type(local).__dict__["_round"]
+    assert type(lab).__dict__["run_one_round"] is type(local).__dict__["run_one_round"]
     for devices in (local.devices, lab.devices):
         assert isinstance(devices, Devices)
     rundir.close()

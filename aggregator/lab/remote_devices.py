@@ -20,8 +20,8 @@ The round loop (:class:`aggregator.round_loop.RoundLoop`) asks them through
 An edge that rejoins (``hello`` then ``ready``) reports the nonces its own ledger holds; an
 open intent of that device is settled with it, and the edge gets ``sync``, every upload
 recorded for it, which it adopts: after every round both ledgers hold the same uploads under
-the same nonces. A restarted aggregator asks devices charged for the round already again,
-under the recorded nonce (:mod:`aggregator.lab.resume`).
+the same nonces. A restarted aggregator never asks a device recorded for the round already
+(:mod:`aggregator.resumed_round`): the round loop settles it as lost.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from aggregator.devices import (
     Upload,
 )
 from aggregator.lab.control_plane import ControlPlane
-from aggregator.lab.resume import ask_again, charged_in_round, lost_entry
 from aggregator.lab.secagg_server import DEFAULT_PHASE_TIMEOUT_S, LabSecAggRound
 from aggregator.lab.usrp_capture import SlotCapture
 from aggregator.lab.usrp_split import DEFAULT_TRAIN_ALLOWANCE_S, ReceiverFactory
@@ -74,9 +73,6 @@ class RemoteDevices:
         The aggregator's state of the run.
     plane
         The control plane with every device ready (their shard sizes reported).
-    first_round
-        The round the run starts (or resumes) with: a resumed round may hold recorded
-        uploads.
     round_timeout_s
         How long a round waits for uploads before it closes without the missing devices.
     train_allowance_s
@@ -101,7 +97,6 @@ class RemoteDevices:
         state: RunState,
         plane: ControlPlane,
         *,
-        first_round: int,
         round_timeout_s: float,
         train_allowance_s: float = DEFAULT_TRAIN_ALLOWANCE_S,
         receiver_factory: ReceiverFactory | None = None,
@@ -114,7 +109,6 @@ class RemoteDevices:
             raise ValueError(f"phase_timeout_s: got {phase_timeout_s}; allowed: 0 < s < 1e6")
         self.state = state
         self.plane = plane
-        self.first_round = first_round
         self.round_timeout_s = round_timeout_s
         self.phase_timeout_s = phase_timeout_s
         self.rejoin_wait_s = rejoin_wait_s
@@ -128,7 +122,7 @@ class RemoteDevices:
         self._receiver_factory = receiver_factory
         #: Open authorizations of the round under way: device -> (nonce, gated event).
         self._pending: dict[int, tuple[str, Any]] = {}
-        #: Devices settled outside the answers (rejoined mid-round; charged, not asked).
+        #: Devices settled outside the answers (rejoined mid-round).
         self._settled: dict[int, dict[str, Any]] = {}
         self._round_fields: dict[str, Any] = {}
         self._failure: Exception | None = None
@@ -226,13 +220,6 @@ class RemoteDevices:
             self.plane.poll(0.2)
         self._waited_for |= {i for i in new if not self.plane.ready(i)}
 
-    def charged(self, t: int, kept: set[int]) -> dict[int, tuple[str, PrivacyEvent]]:
-        """The first round after a restart: devices already charged for it, not in ``kept``
-        (:func:`aggregator.lab.resume.charged_in_round`); ``{}`` in every other round."""
-        if t != self.first_round:
-            return {}
-        return charged_in_round(self.state.book, t, kept)
-
     def absent(self, devices: set[int]) -> set[int]:
         return {i for i in devices if not self.plane.ready(i)}
 
@@ -248,9 +235,8 @@ class RemoteDevices:
         return n_symbols_for(self.state.uplinks[i].l)
 
     def ask(
-        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],
-        charged: dict[int, tuple[str, PrivacyEvent]], journal: Journal, stop: StopSignals,
-        timer: StageTimer,
+        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], journal: Journal,
+        stop: StopSignals, timer: StageTimer,
     ) -> Iterator[Answered]:
         """Journal and send the round's requests, collect the answers (and the TDMA
         capture), then yield each device's answer in device order."""
@@ -270,7 +256,6 @@ class RemoteDevices:
                 "slot": k, "deadline_s": float(self.round_timeout_s),
                 "tx_time_s": slots[i].start_s if i in slots else None, "aircomp": None,
             }, weights)
-        again = ask_again(self, t, w, charged)
         fault_point("lab_after_request")  # journalled and asked, nothing received yet
         answers: dict[int, Message] = {}
         deadline = time.monotonic() + self.round_timeout_s
@@ -282,15 +267,11 @@ class RemoteDevices:
             deadline = max(deadline, time.monotonic() + self.capture.answer_grace_s)
             self._round_fields["tdma_guard_s"] = next(iter(slots.values())).guard_s
         self._collect(t, answers, deadline, stop)
-        for i in sorted({*order, *charged}):
-            if i in self._settled or (i in charged and i not in self._pending):
-                yield Answered(i, None, Settled(
-                    self._settled.get(i) or lost_entry(i, "not connected")))
+        for i in order:
+            if i in self._settled:
+                yield Answered(i, None, Settled(self._settled[i]))
             elif i not in self._pending:
                 continue  # cannot happen: every asked device is pending or settled
-            elif i in again:
-                nonce, _ = self._pending[i]
-                yield Answered(i, nonce, self._answer_again(t, i, answers.get(i)))
             else:
                 nonce, event = self._pending[i]
                 yield Answered(i, nonce, self.check_answer(t, i, answers.get(i), receptions.get(i)))
@@ -373,25 +354,6 @@ class RemoteDevices:
                       float("nan") if loss is None else float(loss),
                       received=received, energy_comm_j=energy_comm_j, extra=extra)
 
-    def _answer_again(self, t: int, i: int, msg: Message | None) -> Answer:
-        """The upload a charged device sent again (:func:`aggregator.lab.resume.ask_again`):
-        recorded already, so carried, not recorded; no answer or a refusal leaves the record
-        and loses the update."""
-        if msg is None or msg.type != "upload":
-            why = "no answer" if msg is None else f"refused: {msg['reason']}"
-            return Settled(lost_entry(i, why))
-        try:
-            header = UploadHeader.from_dict(msg["header"])
-            if (header.device, header.round_index, header.d) != (i, t, self.d) or msg["on_air"]:
-                raise ValueError("header names another device, round or model size")
-        except (TypeError, ValueError) as exc:
-            return Settled(lost_entry(i, f"bad upload: {exc}"))
-        symbols = np.frombuffer(msg.payload or b"", dtype="<c16").astype(np.complex128)
-        loss = msg["train_loss"]
-        return Upload(header, symbols, float(msg["symbol_energy"]), float(msg["energy_comp_j"]),
-                      str(msg["energy_comp_source"]),
-                      float("nan") if loss is None else float(loss), recorded=True)
-
     def acknowledge(self, t: int, i: int, nonce: str | None, event: PrivacyEvent) -> None:
         self.plane.send(i, "ack", {"round": t, "nonce": nonce, "channel": self.channel(event)})
 
@@ -415,16 +377,12 @@ class RemoteDevices:
         return lab_aircomp_round(self, link, t, asked, stop, timer)
 
     def secure_round(
-        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent],
-        charged: dict[int, tuple[str, PrivacyEvent]], stop: StopSignals, timer: StageTimer,
+        self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], stop: StopSignals,
+        timer: StageTimer,
     ) -> SecAggOutcome:
         """002's secure aggregation over the control plane
         (:class:`aggregator.lab.secagg_server.LabSecAggRound`); the aggregator relays and
-        learns only the sum. A device charged before a restart is not asked again (its
-        masked input belonged to a sum that is gone)."""
+        learns only the sum."""
         weights = np.ascontiguousarray(w, dtype="<f8").tobytes()
         work = LabSecAggRound(self, t, asked, stop, self.phase_timeout_s)
-        outcome = timer.timed("secagg", lambda: work.run(weights))
-        for i in charged:
-            outcome.devices.setdefault(i, lost_entry(i, "secure aggregation"))
-        return outcome
+        return timer.timed("secagg", lambda: work.run(weights))

@@ -3,21 +3,15 @@ round under way that a restarted aggregator must not ask for again, and a finish
 answer to edges that join after its end.
 
 **A round interrupted by a crash (kill -9).** What the aggregator had received of the round
-is in ``inflight/`` (:meth:`testbed.core.rundir.RunDir.save_inflight`, kept right after each
-upload is recorded): the resumed round reuses those uploads, as ``testbed run`` does. A
-device whose upload of the round is in the ledger but not in ``inflight/`` (its intent was
-journalled, so the new :class:`~testbed.core.privacy_book.PrivacyBook` recorded it with its
-gated values; or the crash came between the record and ``inflight/``) is charged for the
-round already (:func:`charged_in_round`): it is asked again under the *recorded* nonce
-(:func:`ask_again`) and its answer is used without a second record (the round loop carries
-an :class:`aggregator.devices.Upload` marked ``recorded``), so no device is ever charged
-twice for one round. The edge answers with the very upload it sent before (kept in memory),
-or trains and sends one if it never began that upload (the record came from the aggregator's
-own intent); an edge that restarted in between refuses, and that update is lost (the record
-stays). Over USRPs a charged device is not asked again (a second burst would be a second
-release). Devices not charged are asked as usual, under fresh nonces. Every edge gets
-``sync`` when the resumed aggregator starts (it adopts the records it lacks, its open intent
-included), so both ledgers hold the same uploads under the same nonces.
+is in ``inflight/`` (kept right after each upload is recorded): the resumed round reuses
+those uploads, as ``testbed run`` does. A device whose upload of the round is in the ledger
+but not in ``inflight/`` (its intent was journalled, so the new
+:class:`~testbed.core.privacy_book.PrivacyBook` recorded it with its gated values; or the
+crash came between the record and ``inflight/``) is lost for the round: charged once, not
+asked again (:mod:`aggregator.resumed_round`, the same rule as in one process). Devices not
+recorded are asked as usual, under fresh nonces. Every edge gets ``sync`` when the resumed
+aggregator starts (it adopts the records it lacks, its open intent included), so both
+ledgers hold the same uploads under the same nonces.
 
 **A finished run** (``summary.json`` says ``completed``, ``budget_exhausted`` or
 ``diverged``): ``testbed aggregator --resume`` runs no round; it answers every edge that
@@ -32,8 +26,6 @@ import logging
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
@@ -101,80 +93,6 @@ def open_run(
         rundir.remove()
         raise
     return rundir, cfg, hw, 0, None, None
-
-
-def charged_in_round(book: Any, t: int, skip: set[int]) -> dict[int, tuple[str, Any]]:
-    """Devices (not in ``skip``) whose upload of round ``t`` is already in the ledger, each
-    with the nonce and event recorded.
-
-    Only a restarted aggregator finds any: in a round that runs through, a device is
-    recorded after it was asked.
-    """
-    if book is None:
-        return {}
-    out: dict[int, tuple[str, Any]] = {}
-    for nonce, event in book.entries_by_nonce().items():
-        i = int(event.device)
-        if event.round == t and i not in skip and i not in out:
-            out[i] = (nonce, event)
-    return out
-
-
-def lost_entry(i: int, why: str) -> dict[str, Any]:
-    """Metrics entry of a device charged for the round before a restart whose update the
-    resumed round does not have."""
-    return {"device": i, "transmitted": None, "charged": True, "resumed": True, "lost": True,
-            "error": f"recorded before the aggregator restarted, not received: {why}"}
-
-
-def credits_channel(event: Any) -> bool:
-    """Whether a recorded event credits channel noise (a fraction of ``n0`` counted)."""
-    return float(getattr(event, "trusted_channel_noise", 0.0)) > 0 and \
-        float(getattr(event, "n0", 0.0)) > 0
-
-
-def ask_again(remote: Any, t: int, w: np.ndarray,
-              charged: dict[int, tuple[str, Any]]) -> set[int]:
-    """Ask each charged device that is connected to send its upload of round ``t`` again,
-    under the recorded nonce, from the global model ``w``
-    (:class:`aggregator.lab.remote_devices.RemoteDevices`). The edge resends the very upload
-    it sent (or, if it never began that upload, trains and sends it), so the one record
-    covers it: the same values released twice reveal nothing more, *provided nothing fresh
-    is added on the way*. The round loop carries its answer without recording it again.
-
-    Not asked (the update is lost, charged once, the metrics say why):
-
-    * over USRPs: a second burst would be a second release;
-    * when the record credits channel noise: the receiver would add fresh channel noise to
-      the same upload, and two receptions average it down (``n0 / 2``), while the one
-      record credits ``n0`` once. Only an upload whose record credits no channel noise is
-      asked again.
-
-    Returns the devices asked.
-    """
-    if remote.capture is not None:
-        for i in charged:
-            remote._settled[i] = lost_entry(
-                i, "not asked again: over USRPs a second burst would be a second release")
-        return set()
-    weights = np.ascontiguousarray(w, dtype="<f8").tobytes()
-    asked = set()
-    for i, (nonce, event) in sorted(charged.items()):
-        if credits_channel(event):
-            remote._settled[i] = lost_entry(
-                i, "not asked again: its record credits channel noise, and a second "
-                "reception of the same upload would average that noise down")
-            continue
-        if not remote.plane.ready(i):
-            continue
-        remote._pending[i] = (nonce, event)
-        remote.plane.send(i, "round", {
-            "round": t, "nonce": nonce, "d": remote.d, "channel": remote.channel(event),
-            "mechanism": event.to_dict(), "slot": 0,
-            "deadline_s": float(remote.round_timeout_s), "tx_time_s": None, "aircomp": None,
-        }, weights)
-        asked.add(i)
-    return asked
 
 
 def device_events(rundir: RunDir, device: int) -> list[dict[str, Any]]:

@@ -39,15 +39,14 @@ log = logging.getLogger("testbed.aggregator")
 
 def lab_loop(
     cfg: ExperimentConfig, hw: HardwareConfig, rundir: RunDir, plane: ControlPlane, *,
-    first_round: int, round_timeout_s: float, **options: Any,
+    round_timeout_s: float, **options: Any,
 ) -> RoundLoop:
     """The round loop of a lab run: the aggregator's state (the test set only; the shards
     stay on the edges, which reported their sizes) and the edges on ``plane`` (every device
     ready). ``options``: :class:`~aggregator.lab.remote_devices.RemoteDevices`'s."""
     sizes = [int(plane.peers[i].dataset_size or 0) for i in range(cfg.devices)]
     state = RunState(cfg, hw, rundir, prepare_test_data(cfg), sizes)
-    remote = RemoteDevices(state, plane, first_round=first_round,
-                           round_timeout_s=round_timeout_s, **options)
+    remote = RemoteDevices(state, plane, round_timeout_s=round_timeout_s, **options)
     return RoundLoop(state, remote)
 
 
@@ -128,9 +127,8 @@ def serve(
         with StopSignals() as stop:
             plane.wait_all_ready(join_timeout_s, stop)
         try:
-            loop = lab_loop(cfg, hw, rundir, plane, first_round=start,
-                            round_timeout_s=round_timeout_s, rejoin_wait_s=rejoin_wait_s,
-                            train_allowance_s=train_allowance_s,
+            loop = lab_loop(cfg, hw, rundir, plane, round_timeout_s=round_timeout_s,
+                            rejoin_wait_s=rejoin_wait_s, train_allowance_s=train_allowance_s,
                             phase_timeout_s=phase_timeout_s, receiver_factory=receiver_factory)
         except Exception as exc:
             from testbed.core.privacy import LedgerError

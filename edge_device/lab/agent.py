@@ -159,12 +159,6 @@ class EdgeAgent:
         self.worker: DeviceWorker | None = None
         self.pending: dict[str, Any] = {}  # nonce -> event journalled, not yet acked
         self.withdrawn: set[str] = set()  # nonces refused or withdrawn (never on air)
-        #: Nonces recorded from the aggregator's ``sync`` that this edge never began, and
-        #: the last simulated-link upload sent (nonce, fields, payload): a restarted
-        #: aggregator asks for either again under the recorded nonce (aggregator.lab.resume).
-        self.adopted: set[str] = set()
-        self.last_sent: tuple[str, dict[str, Any], bytes] | None = None
-        self.resend_ok: str | None = None  # last_sent's nonce once a sync recorded it
         self.dropped = 0
         self.uploads = 0
         self.refusals = 0

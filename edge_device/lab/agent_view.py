@@ -57,9 +57,6 @@ class AgentView(Protocol):
     # -- uploads and counts ---------------------------------------------------------------
     pending: dict[str, Any]
     withdrawn: set[str]
-    adopted: set[str]
-    last_sent: tuple[str, dict[str, Any], bytes] | None
-    resend_ok: str | None
     dropped: int
     uploads: int
     refusals: int

@@ -60,8 +60,8 @@ def mechanism_differs(agent: AgentView, event: Any, theirs: dict[str, Any] | Non
 
 def on_sync(agent: AgentView, msg: Message) -> None:
     """``sync`` (or ``finished``): record every upload of this device that the aggregator
-    recorded and this ledger lacks, each event built here; note a replayable last upload
-    and warn of differences."""
+    recorded and this ledger lacks, each event built here (never asked for again: a
+    (device, round) is released and charged at most once); warn of differences."""
     if agent.book is None:
         return
     recorded = agent.book.nonces()
@@ -77,13 +77,10 @@ def on_sync(agent: AgentView, msg: Message) -> None:
             if mine.to_dict() != agent.book.entries_by_nonce().get(nonce, mine).to_dict():
                 log.warning("device %d: ledgers differ on upload %s", agent.device, nonce)
             continue
-        if agent.pending.pop(nonce, None) is None:
-            agent.adopted.add(nonce)  # never begun here: it may still be asked for
+        agent.pending.pop(nonce, None)
         agent.book.commit(mine, nonce)
         log.info("device %d: recorded upload %s of round %d as the aggregator did",
                  agent.device, nonce, data["round"])
-    if agent.last_sent is not None and agent.last_sent[0] in theirs:
-        agent.resend_ok = agent.last_sent[0]  # a restarted aggregator may ask for it again
     missing = recorded - theirs
     if missing:
         log.warning("device %d: the aggregator holds no record of %d uploads of this "

@@ -1,9 +1,9 @@
 """The agent's answer to a ``round`` request: check it, train, keep, then upload or refuse.
 
-In order: a replay of the last simulated-link upload that the aggregator's ``sync``
-recorded is sent again as it was; a replayed or out-of-round request is ignored; a second
-upload in a round the ledger holds, a usrp round without a transmitter, an aggregator
-privacy event that differs from the device's own
+In order: a replayed or out-of-round request (its nonce already journalled, recorded or
+withdrawn here) is ignored; a second upload in a round the ledger holds (a (device, round)
+is released and charged at most once, docs/privacy.md section 5.2), a usrp round without a
+transmitter, an aggregator privacy event that differs from the device's own
 (:func:`~edge_device.lab.ledger_sync.mechanism_differs`), an upload past the device's own
 epsilon target, or a diverged training is refused. Otherwise the device trains
 (:class:`edge_device.device_worker.DeviceWorker`), keeps its update when asked
@@ -57,17 +57,10 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
     """
     assert agent.worker is not None
     t, nonce, tx_time = msg["round"], msg["nonce"], msg["tx_time_s"]
-    if agent.last_sent is not None and agent.last_sent[0] == nonce == agent.resend_ok:
-        send(agent, client, "upload", *agent.last_sent[1:])  # the same upload, again
-        return
-    again = nonce in agent.adopted  # recorded already; no second record
     known = (agent.book.nonces() if agent.book else set()) | set(agent.pending) | agent.withdrawn
-    known -= {nonce} if again else set()
     if agent.secagg is not None:
         known |= agent.secagg.seen
     rounds = {e.round for _, e in agent.book.entries(agent.device)} if agent.book else set()
-    if again:
-        rounds.discard(t)
     if nonce in known or t < max(rounds, default=-1) or msg["d"] != agent.d:
         agent.dropped += 1
         log.warning("device %d: ignored a replayed or out-of-round request (round %d)",
@@ -95,7 +88,7 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
     if differs:
         refuse(agent, client, t, nonce, differs)
         return
-    if agent.book is not None and not again and not agent.book.allows(event):
+    if agent.book is not None and not agent.book.allows(event):
         refuse(agent, client, t, nonce, (
             f"this upload would pass the device's own epsilon target "
             f"{agent.target:g} ({agent.book.enforce} accounting)"))
@@ -113,25 +106,21 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
     if tx_time is not None:
         transmit(agent, client, t, nonce, event, local, float(tx_time), msg["aircomp"])
         return
-    _upload_symbols(agent, client, t, nonce, event, local, again)
+    _upload_symbols(agent, client, t, nonce, event, local)
 
 
 def _upload_symbols(agent: AgentView, client: CurveClient, t: int, nonce: str, event: Any,
-                    local: Any, again: bool) -> None:
-    """Simulated link: journal the intent (unless the upload is recorded already), then
-    send the symbols in the ``upload`` and keep it for a restarted aggregator."""
+                    local: Any) -> None:
+    """Simulated link: journal the intent, then send the symbols in the ``upload``."""
     fault_point("edge_before_intent")
-    if agent.book is not None and not again:
+    if agent.book is not None:
         agent.book.begin(event, nonce)  # before the air
-    if not again:
-        agent.pending[nonce] = event
+    agent.pending[nonce] = event
     fault_point("edge_after_intent")
     symbols = np.ascontiguousarray(local.upload.symbols, dtype="<c16")
     fields = {**upload_fields(t, nonce, local, int(symbols.size)), "on_air": False,
               "tx_report": None}
-    agent.last_sent = (nonce, fields, symbols.tobytes())
-    send(agent, client, "upload", fields, agent.last_sent[2])
-    agent.adopted.discard(nonce)
+    send(agent, client, "upload", fields, symbols.tobytes())
     agent.uploads += 1
 
 

@@ -35,8 +35,8 @@ Invariant (what a resume may rely on):
    yet fsynced) is never read as an upload. Such a record and every record after it in its
    segment are dropped: their devices are charged but not kept, exactly the state of a
    crash between the ledger record and the keep (fault point ``after_commit``), which the
-   resume already handles (the lab asks the device again under its recorded nonce; in
-   process the device uploads afresh and is charged for that new upload).
+   resume already handles: such an upload is lost for the round, charged once and never
+   asked for again (:mod:`aggregator.resumed_round`).
 3. **Nothing written is lost to a kill.** Records go to the file with ``write(2)`` on an
    unbuffered descriptor, so once :meth:`KeptLog.append` returns the record is in the
    kernel and survives ``kill -9`` of this process (fault points ``after_inflight`` and
@@ -47,8 +47,8 @@ Invariant (what a resume may rely on):
    that fails its seal inside the part a later, intact sync mark says was fsynced is
    corruption, not a crash artefact: reading refuses it, naming the file (as an unreadable
    kept upload always was). Where no such mark follows, it is read as a torn tail (2):
-   dropping a kept upload never leaves an upload uncounted; at worst its device uploads
-   again (in process, charged for that upload too).
+   dropping a kept upload never leaves an upload uncounted; at worst its update is lost
+   for the round.
 
 Uploads kept by earlier versions, one ``inflight/r<round>-d<device>.npz`` each (written with
 a fsync each), are still read.
@@ -83,6 +83,12 @@ SEGMENT_NAME = re.compile(r"r(0|[1-9][0-9]*)-s(0|[1-9][0-9]*)\.kept")
 NPZ_NAME = re.compile(r"r(0|[1-9][0-9]*)-d(0|[1-9][0-9]*)\.npz")
 
 Kept = tuple[np.ndarray | None, dict[str, Any]]
+
+#: What removing an unreadable kept file does (the advice of every :class:`KeptError` that
+#: names one): its uploads stay charged in the ledger and are lost for the round, never
+#: asked for again (:mod:`aggregator.resumed_round`).
+REMOVE_ADVICE = ("remove the file to resume: the uploads it kept stay charged in the ledger "
+                 "and are lost for the round (never sent or charged again)")
 
 
 class KeptError(RuntimeError):
@@ -223,8 +229,7 @@ def read_npz(f: Path) -> Kept:
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise KeptError(
-            f"{f}: unreadable in-flight upload ({type(exc).__name__}: {reason}); remove it "
-            "to have the round's upload sent again"
+            f"{f}: unreadable in-flight upload ({type(exc).__name__}: {reason}); {REMOVE_ADVICE}"
         ) from None
     if not isinstance(info, dict):
         raise KeptError(f"{f}: in-flight upload whose info is not a JSON object")
@@ -243,8 +248,9 @@ def read_segment(f: Path, round_index: int) -> dict[int, Kept]:
     Raises
     ------
     KeptError
-        The file cannot be read, a record in its fsynced part is corrupt, or a sealed
-        record is not a kept upload of this round.
+        The file cannot be read, a record in its fsynced part is corrupt, bytes that are
+        neither a record nor a torn one (a record's start, or zeros) follow the last
+        record, or a sealed record is not a kept upload of this round.
     """
     try:
         data = f.read_bytes()
@@ -258,7 +264,12 @@ def read_segment(f: Path, round_index: int) -> dict[int, Kept]:
             if _durable_after(data, pos, round_index) > pos:
                 raise KeptError(
                     f"{f}: kept upload at byte {pos} is corrupt although it was fsynced; "
-                    "remove the file to have the round's uploads sent again")
+                    f"{REMOVE_ADVICE}")
+            if not (MAGIC.startswith(data[pos:pos + len(MAGIC)])
+                    or not data[pos:].strip(b"\0")):
+                raise KeptError(
+                    f"{f}: byte {pos} starts neither a kept upload nor one torn by a crash "
+                    f"(a record starts with {MAGIC!r}); {REMOVE_ADVICE}")
             break  # torn by a crash before the group fsync: dropped, see invariant 2
         kind, rnd, key, info, values, end = record
         if rnd != round_index or kind not in (KIND_UPLOAD, KIND_MARK):

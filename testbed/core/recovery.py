@@ -210,7 +210,8 @@ def resume_point(rundir: RunDir, *, private: bool) -> ResumePoint:
     Raises
     ------
     RunDirError
-        Naming the file, when a file is missing, unreadable or disagrees with the others.
+        Naming the file, when a file is missing, unreadable or disagrees with the others
+        (a kept upload of the round to resume that cannot be read included).
     """
     ckpt = rundir.load_checkpoint()
     metrics, torn = _metrics_rounds(rundir)
@@ -231,6 +232,7 @@ def resume_point(rundir: RunDir, *, private: bool) -> ResumePoint:
                     f"{rundir.checkpoint_path} is missing but {ledger} records uploads up to "
                     f"round {max(late)}; refusing to restart from round 0"
                 )
+        rundir.load_inflight(0)  # a damaged kept upload is refused now, before any work
         return ResumePoint(0, None)
     last, weights, extra = ckpt
     if rounds != list(range(len(rounds))):
@@ -259,6 +261,7 @@ def resume_point(rundir: RunDir, *, private: bool) -> ResumePoint:
             )
         _check_ledger_covers_metrics(rundir, last)
     rundir.clear_inflight_before(last + 1)
+    rundir.load_inflight(last + 1)  # a damaged kept upload is refused now, before any work
     return ResumePoint(last + 1, weights)
 
 

@@ -207,6 +207,53 @@ def test_kill_before_the_group_fsync_charges_every_upload_once(
     assert summary["status"] == "completed" and summary["rounds_completed"] == 3
 
 
+def test_garbage_that_is_not_a_torn_record_is_refused(tmp_path: Path) -> None:
+    """Bytes that neither start a record nor could be one torn by a crash (a prefix of the
+    magic, or zeros a power cut may leave) are damage, named with safe advice."""
+    rd = RunDir.create(tmp_path / "run")
+    rd.inflight_path.mkdir()
+    seg = rd.inflight_path / "r0-s0.kept"
+    for torn in (b"", b"KE", b"KEPT\x01\x00", b"\0" * 64):
+        seg.write_bytes(torn)
+        assert rd.load_inflight(0) == {}
+    seg.write_bytes(b"garbage\n")
+    with pytest.raises(RunDirError, match="r0-s0.kept: byte 0 starts neither") as err:
+        rd.load_inflight(0)
+    assert "stay charged in the ledger and are lost for the round" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["r1-s0.kept", "r1-d2.npz"])
+def test_resume_refuses_a_damaged_kept_file_naming_it(
+    tmp_path: Path, tiny_overrides: list[str], name: str
+) -> None:
+    """A garbage file in ``inflight/`` stops ``--resume`` before any work with exit 2 and
+    one line naming it; its advice (remove it) charges nothing again: after removing it,
+    the resumed run charges every (device, round) once."""
+    run, air = tmp_path / "run", tmp_path / "air.jsonl"
+    env = {"TESTBED_AIR_LOG": str(air)}
+    dp = [*tiny_overrides, "scheme=channel-dp", "privacy.epsilon=4.0", "snr_db=10"]
+    proc = _cli(_run_args(run, dp), {**env, "TESTBED_FAULT": "after_inflight:6"})  # round 1
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    for f in (run / "inflight").iterdir():
+        f.unlink()
+    (run / "inflight" / name).write_bytes(b"garbage\n")
+    before = (run / "ledger.jsonl").read_bytes()
+    proc = _cli(["run", "--resume", str(run)], env)
+    assert proc.returncode == 2, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(lines) == 1 and name in lines[0] and "remove the file" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not (run / "error.log").exists()
+    assert (run / "ledger.jsonl").read_bytes() == before  # no work was done
+    (run / "inflight" / name).unlink()
+    proc = _cli(["run", "--resume", str(run)], env)
+    assert proc.returncode == 0, proc.stderr
+    with Ledger.open(run / "ledger.jsonl") as ledger:
+        charged = Counter((e.device, e.round) for e in ledger.events())
+    released = Counter((x["device"], x["round"]) for x in read_jsonl(air))
+    assert set(charged.values()) == {1} and set(released.values()) == {1}
+    assert len(charged) == 3 * 4
+
+
 def test_strict_json_is_the_same_text_with_or_without_non_finite_floats() -> None:
     """``dumps`` writes an object as it is unless it holds a non-finite float: the same text
     as through ``json_safe`` either way."""

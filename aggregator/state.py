@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from aggregator.evaluate import subset_indices
+from aggregator.outcome import noiseless_devices, noiseless_warning
 from radio.link import ChannelState
 from testbed.core.blas_threads import limit_blas_threads
 from testbed.core.config.experiment import ExperimentConfig
@@ -33,6 +34,11 @@ from testbed.core.upload_events import PrivacyEvent, channel_fields, upload_even
 
 class PaperAccountingWarning(UserWarning):
     """The budget is enforced with 003's own accounting, which is not a DP bound."""
+
+
+class ChannelOnlyNoiseWarning(UserWarning):
+    """Some devices add no noise of their own (``sigma`` 0, e.g. under a plan): their
+    guarantee rests on the channel's noise alone (:func:`aggregator.outcome.noiseless_warning`)."""
 
 
 class RunState:
@@ -95,6 +101,15 @@ class RunState:
         uplinks, record = device_settings(cfg, hw, self.d, dataset_sizes)
         self.uplinks: list[DeviceUplink] = uplinks
         self.record: list[RecordSettings] = [r for r in record if r is not None]
+        silent = (noiseless_devices([up.sigma for up in uplinks], record) if self.unit
+                  else [])
+        if silent:
+            warnings.warn(
+                noiseless_warning(silent, len(uplinks), unit=self.unit,
+                                  credited=max(up.trusted for up in uplinks)),
+                ChannelOnlyNoiseWarning,
+                stacklevel=2,
+            )
         self.run_secret = (rundir.path / "run_secret").read_text().strip()
         self.eval_index: np.ndarray | None = None
         if cfg.eval_subset is not None:

@@ -117,7 +117,8 @@ def summary(
             "delta": state.cfg.privacy.delta,
             "enforced_accounting": state.cfg.privacy.enforced if state.unit else None,
             **state.delta_bound,
-            **trust_fields(state.cfg, state.hw, state.unit, state.uplinks),
+            **trust_fields(state.cfg, state.hw, state.unit, state.uplinks,
+                            state.record),
             "devices": devices,
             **(
                 {"population": state.cfg.devices, "devices_never_asked":

@@ -35,6 +35,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from aggregator.outcome import noiseless_plan_note
+
 
 class AirCompInfeasible(ValueError):
     """No participating set meets the constraints (named in the message)."""
@@ -177,13 +179,13 @@ def plan_aircomp(
         notes.append("the power limits bind: the weakest participant transmits at its limit "
                      "and the receiver adds less noise than the margin allows")
     elif sigma == 0:
-        notes.append("the receiver's noise carries the whole privacy noise (the devices add "
-                     "none): against a receiver with a better front end than the one credited "
-                     "(epsilon_no_channel) nothing is left; lower privacy.trusted_channel_noise "
-                     "to keep a share on the devices")
+        notes.append("the receiver's noise carries the whole privacy noise; lower "
+                     "privacy.trusted_channel_noise to keep a share on the devices")
     else:
         notes.append(f"the accuracy margin binds: the receiver adds {r / (n * z_var / k):.3g} "
                      "of the shares' noise")
+    if sigma == 0:  # every participant's share is 0: said first, in the shared words
+        notes.insert(0, noiseless_plan_note(members, len(gains), credited=tau, unit="record"))
     alpha = {j: c / gains[j] for j in members}
     power = {j: alpha[j] ** 2 * p_s for j in members}
     energy = {j: power[j] * joules_per_unit_power for j in members}

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.outcome import noiseless_devices, noiseless_plan_note
 from aggregator.solver import algorithm as alg
 from aggregator.solver.compression_terms import kappa_ratio, theta_qs
 from aggregator.solver.energy import comm_energy_per_upload, power_symbol
@@ -182,6 +183,9 @@ def build_plan(
                 f"{len(over)} of {s.n_devices} devices (worst {worst:.4g}): the paper "
                 "accounting credits compression and channel noise that the strict one does not"
             )
+    silent = noiseless_devices([float(x) for x in sigma])
+    if silent:
+        notes.append(noiseless_plan_note(silent, s.n_devices, credited=trusted, unit="device"))
     regimes = pt.pn.regimes
     devices = [
         DevicePlan.model_validate(dict(

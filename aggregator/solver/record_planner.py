@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aggregator.outcome import noiseless_devices, noiseless_plan_note
 from aggregator.solver import algorithm as alg
 from aggregator.solver.compression_terms import DECODED_NOISE_MODEL, theta_qs
 from aggregator.solver.energy import comm_energy_per_upload, power_symbol
@@ -266,6 +267,9 @@ def build_record_plan(
         )
     if k >= s.k_max:
         notes.append(f"K reached k_max = {s.k_max}: a boundary point")
+    silent = noiseless_devices([float(x) for x in sigma])
+    if silent:
+        notes.append(noiseless_plan_note(silent, s.n_devices, credited=trusted, unit="record"))
     regimes = pt.pn.regimes
     devices = [
         DevicePlan.model_validate(dict(

@@ -316,14 +316,29 @@ def _epsilon_label(key: str, enforced: str | None) -> str:
     return f"ε {name}" + (" (enforced)" if enforced == name else "")
 
 
-def _epsilon_keys(entries: list[dict[str, Any]], enforced: str | None) -> list[str]:
+def _epsilon_keys(entries: list[dict[str, Any]], enforced: str | None,
+                  *, no_channel_beside: bool = False) -> list[str]:
+    """The epsilon columns: the enforced one first, ``epsilon_no_channel`` right beside it
+    when ``no_channel_beside`` (devices without noise of their own), else after the other
+    accountants; the device-level one last."""
     keys: list[str] = []
     for e in entries:
         for k, v in e.items():
             if k.startswith("epsilon_") and k not in keys and as_float(v) is not None:
                 keys.append(k)
-    order = {f"epsilon_{enforced}": 0, "epsilon_no_channel": 2, "epsilon_device_level": 3}
-    return sorted(keys, key=lambda k: order.get(k, 1))
+    order = {f"epsilon_{enforced}": 0.0, "epsilon_no_channel": 0.5 if no_channel_beside else 2.0,
+             "epsilon_device_level": 3.0}
+    return sorted(keys, key=lambda k: order.get(k, 1.0))
+
+
+def devices_without_noise(run: RunData) -> list[int]:
+    """The devices of a private run that added no noise of their own (the summary's
+    ``privacy.devices_without_noise``, :func:`aggregator.outcome.trust_fields`); ``[]``
+    without a summary or with a summary that does not say."""
+    silent = run.privacy.get("devices_without_noise")
+    if run.privacy.get("unit") is None or not isinstance(silent, list):
+        return []
+    return [int(i) for i in silent if isinstance(i, int)]
 
 
 def privacy_settings_table(run: RunData) -> Table:
@@ -335,6 +350,22 @@ def privacy_settings_table(run: RunData) -> Table:
                           ("delta", "delta"), ("enforced accountant", "enforced_accounting"),
                           ("trust assumption", "trust")):
             t.rows.append([label(name), value_cell(run.summary, SUMMARY, ("privacy", key))])
+        silent = devices_without_noise(run)
+        if silent:  # the guarantee rests on the channel's noise alone for them
+            listed = run.privacy.get("devices")
+            n = len(listed) if isinstance(listed, list) else 0
+            every = [("privacy", "devices", i) for i in range(n)]
+            t.rows += [
+                [label("devices adding no noise (sigma = 0)"),
+                 op_cell("count", SUMMARY,
+                         [("privacy", "devices_without_noise", k) for k in range(len(silent))],
+                         run.summary)],
+                [label("max ε (enforced)"),
+                 op_cell("max", SUMMARY, [(*e, "epsilon") for e in every], run.summary)],
+                [label("max ε without channel noise (epsilon_no_channel)"),
+                 op_cell("max", SUMMARY, [(*e, "epsilon_no_channel") for e in every],
+                         run.summary)],
+            ]
         t.note = f"From `{SUMMARY}` `privacy`."
     elif run.ledger_header is not None:
         for name, key in (("unit", "unit"), ("target epsilon per device", "epsilon_target"),
@@ -360,7 +391,8 @@ def epsilon_table(run: RunData) -> Table:
     enforced = run.enforced
     devices = run.privacy.get("devices")
     if isinstance(devices, list) and devices and any("epsilon" in d for d in devices):
-        keys = _epsilon_keys(devices, enforced)
+        keys = _epsilon_keys(devices, enforced,
+                             no_channel_beside=bool(devices_without_noise(run)))
         peer = any(isinstance(d.get("epsilon_peer_paper"), dict) for d in devices)
         header = ["device", "uploads", *(_epsilon_label(k, enforced) for k in keys), "δ total"]
         if peer:
@@ -405,7 +437,7 @@ def epsilon_spread_table(run: RunData) -> Table | None:
     if not (isinstance(devices, list) and len(devices) > 1
             and any("epsilon" in d for d in devices)):
         return None
-    keys = _epsilon_keys(devices, enforced)
+    keys = _epsilon_keys(devices, enforced, no_channel_beside=bool(devices_without_noise(run)))
     t = Table("epsilon_spread", ["epsilon across devices",
                                  *(_epsilon_label(k, enforced) for k in keys)])
     for op, name in (("mean", "mean"), ("std", "spread (std)"), ("min", "min"), ("max", "max")):

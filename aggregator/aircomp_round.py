@@ -264,7 +264,7 @@ def _nmse_fields(prefix: str, nmse: float) -> dict[str, float]:
             f"{prefix}nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf}
 
 
-def _no_journal(i: int, event: Any) -> str | None:  # pragma: no cover - never called
+def _no_journal(i: int, event: Any, nonce: str | None) -> str | None:  # pragma: no cover
     raise AssertionError("in-process devices are journalled by the aircomp round itself")
 
 

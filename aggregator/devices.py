@@ -35,9 +35,10 @@ from testbed.core.protocol import UploadHeader
 from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 
-#: Journals the intent of one device's upload (before it may go on air); returns its nonce
-#: (a fresh random one when the run keeps no ledger).
-Journal = Callable[[int, PrivacyEvent], str | None]
+#: Journals the intent of one device's upload (before it may go on air) under the nonce
+#: given (``None``: a fresh random one); returns the nonce (``None`` when the run keeps no
+#: ledger).
+Journal = Callable[[int, PrivacyEvent, str | None], str | None]
 
 
 @dataclass

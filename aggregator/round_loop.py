@@ -217,8 +217,8 @@ class RoundLoop:
         state, cfg, devices = self.state, self.state.cfg, self.devices
         book = state.book
 
-        def journal(i: int, event: PrivacyEvent) -> str | None:
-            return book.begin(event) if book is not None else None
+        def journal(i: int, event: PrivacyEvent, nonce: str | None = None) -> str | None:
+            return book.begin(event, nonce) if book is not None else nonce
 
         for got in devices.ask(t, state.w, allowed, journal, stop, timer):
             i, nonce = got.device, got.nonce

@@ -113,7 +113,7 @@ def test_the_rounds_aircomp_part_and_the_pilot_are_checked_on_the_wire() -> None
     from testbed.core.protocol_schema import ProtocolError
 
     plan = {"device": 1, "round": 2, "nonce": "x", "d": 4, "channel": None, "slot": 0,
-            "deadline_s": 5.0, "mechanism": None, "tx_time_s": 10.0}
+            "deadline_s": 5.0, "mechanism": None, "tx_time_s": 10.0, "await_slot": False}
     part = {"alpha_re": 1.5, "alpha_im": -0.5, "amplitude": 0.01, "signal_power": 2e-5}
     weights = bytes(32)
     assert decode(encode("round", {**plan, "aircomp": part}, weights))["aircomp"] == part

@@ -155,7 +155,8 @@ def test_edge_keeps_serving_through_junk(tmp_path: Path) -> None:
             server.send(identity, _junk(rng, 0))
         weights = np.zeros(d, dtype="<f8").tobytes()
         plan = {"device": 0, "round": 0, "nonce": "n-1", "d": d, "channel": None, "slot": 0,
-                "deadline_s": 30.0, "tx_time_s": None, "mechanism": None, "aircomp": None}
+                "deadline_s": 30.0, "tx_time_s": None, "await_slot": False, "mechanism": None,
+                "aircomp": None}
         server.send(identity, encode("round", plan, weights))
         _, upload = _recv(server, "upload", 60)
         assert upload["nonce"] == "n-1" and upload["round"] == 0  # type: ignore[index]

@@ -100,7 +100,8 @@ def test_edge_refuses_a_round_whose_laplace_event_is_not_its_own(tmp_path: Path)
     def round_msg(nonce: str, mechanism: dict[str, Any]) -> list[bytes]:
         return encode("round", {"device": 0, "round": 0, "nonce": nonce, "d": d,
                                 "channel": None, "mechanism": mechanism, "slot": 0,
-                                "deadline_s": 30.0, "tx_time_s": None, "aircomp": None},
+                                "deadline_s": 30.0, "tx_time_s": None, "await_slot": False,
+                                "aircomp": None},
                       weights)
 
     agent.handle(client, round_msg("n-1", {**mine, "scale": 2 * mine["scale"]}))

@@ -262,6 +262,7 @@ def test_protocol_carries_slot_times_on_air_uploads_and_clock_exchanges() -> Non
         "channel": None,
         "slot": 0,
         "deadline_s": 5.0,
+        "await_slot": False,
         "mechanism": None,
         "aircomp": None,
     }
@@ -544,6 +545,7 @@ def test_edge_journals_before_the_air_withdraws_missed_slots_and_stops_on_a_dead
                 "slot": 0,
                 "deadline_s": 30.0,
                 "tx_time_s": tx_time_s,
+                "await_slot": False,
                 "mechanism": None,
                 "aircomp": None,
             },
@@ -601,7 +603,7 @@ def test_edge_without_a_transmitter_refuses_a_slot(tmp_path: Path) -> None:
     agent.handle(client, _welcome([*SETS, "link=waveform"]))
     assert agent.air is None and plane.of("clock_req") == []
     plan = {"device": 0, "round": 0, "nonce": "n", "d": agent.d, "channel": None, "slot": 0,
-            "mechanism": None, "aircomp": None}
+            "mechanism": None, "aircomp": None, "await_slot": False}
     weights = np.zeros(agent.d, "<f8").tobytes()
     agent.handle(client, encode("round", {**plan, "deadline_s": 5.0, "tx_time_s": 100.0}, weights))
     assert plane.sent[-1].type == "refuse" and "usrp link" in plane.sent[-1]["reason"]

@@ -338,3 +338,94 @@ def test_aggregator_killed_mid_capture_resumes_and_ledgers_agree(tmp_path: Path)
     finally:
         procs.close()
     _no_process_left(tmp_path, hw)
+
+
+def _aggregator_with(keys: Path, endpoint: str, run: Path, hw: Path, rounds: int,
+                     allowance_s: float) -> list[str]:
+    """:func:`_aggregator` with ``rounds`` rounds and a train allowance of ``allowance_s``."""
+    cmd = _aggregator(keys, endpoint, run, hw)
+    cmd[cmd.index("--train-allowance") + 1] = repr(allowance_s)
+    return [*cmd, "--set", f"rounds={rounds}"]
+
+
+def test_a_device_not_ready_by_the_deadline_sits_the_round_out_uncharged(
+    tmp_path: Path,
+) -> None:
+    """Rounds are paced by the edges: device 2 says ``upload_ready`` 12 s late in its
+    second round, past the train allowance (8 s), and is on time again in the third. The round's slots are set without it; it
+    is told it has no slot, sends nothing and is charged nothing, on either ledger; the
+    others' uploads of that round are credited as usual."""
+    require_gnuradio()
+    keys, endpoint, procs = new_lab(tmp_path, DEVICES)
+    hw, _ = _resolved_hw(tmp_path, str(ROOT / "hw_configs" / "virtual_lab.yaml"), [])
+    run = tmp_path / "agg"
+    try:
+        air = _start_air(procs, hw, tmp_path)
+        agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, ROUNDS, 8.0))
+        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)),
+                             env={"TESTBED_READY_DELAY_S": "12:2"} if i == 2 else None)
+                 for i in range(DEVICES)]
+        assert agg.wait(600) == 0, procs.log("agg")[-5000:]
+        for i, p in enumerate(edges):
+            assert p.wait(120) == 0, procs.log(f"edge-{i}")[-3000:]
+        assert air.poll() is None
+        metrics = _lines(run / "metrics.jsonl")
+        late = metrics[1]["devices"][2]
+        assert late["straggler"] and late["charged"] is False and not late["transmitted"], late
+        assert "not ready within the train allowance (8 s)" in late["skipped"], late
+        assert "no slot" in procs.log("edge-2")
+        charges = _charges(run / "ledger.jsonl")
+        assert charges == {(i, t): 1 for i in range(DEVICES) for t in range(ROUNDS)
+                           if (i, t) != (2, 1)}, charges
+        assert Counter(b["serial"] for b in _bursts(tmp_path)) == {
+            "edge0": ROUNDS, "edge1": ROUNDS, "edge2": ROUNDS - 1}
+        assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(DEVICES)})
+        assert _charges(tmp_path / "edge-2" / "ledger.jsonl") == {(2, 0): 1, (2, 2): 1}
+    finally:
+        procs.close()
+    _no_process_left(tmp_path, hw)
+
+
+def test_an_edge_whose_transmitter_died_is_neither_asked_nor_charged(tmp_path: Path) -> None:
+    """Device 1's ``tx`` flowgraph is killed after round 0: at its next burst the edge finds
+    its transmitter dead, withdraws the upload, says ``leave`` and exits. No later round asks
+    or charges it (it is absent); the aggregator's ledger holds exactly the uploads its
+    edge's holds, and the summary counts them."""
+    require_gnuradio()
+    rounds = 4
+    keys, endpoint, procs = new_lab(tmp_path, DEVICES)
+    hw, _ = _resolved_hw(tmp_path, str(ROOT / "hw_configs" / "virtual_lab.yaml"), [])
+    run = tmp_path / "agg"
+    try:
+        air = _start_air(procs, hw, tmp_path)
+        agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, rounds, 20.0))
+        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)))
+                 for i in range(DEVICES)]
+        wait_for(lambda: (run / "metrics.jsonl").exists()
+                 and (run / "metrics.jsonl").read_text().count("\n") >= 1, 600, "round 0")
+        tx = _orphans("tx.py", edges[1].pid)
+        assert len(tx) == 1, tx
+        os.kill(tx[0], 9)
+        assert agg.wait(600) == 0, procs.log("agg")[-5000:]
+        assert edges[1].wait(120) != 0
+        assert "transmitter failed" in procs.log("edge-1"), procs.log("edge-1")[-3000:]
+        for i in (0, 2):
+            assert edges[i].wait(120) == 0, procs.log(f"edge-{i}")[-3000:]
+        assert air.poll() is None
+        assert "device 1 left: edge stopped" in procs.log("agg")
+        agg_charges = _charges(run / "ledger.jsonl")
+        edge_charges = _charges(tmp_path / "edge-1" / "ledger.jsonl")
+        mine = {k: n for k, n in agg_charges.items() if k[0] == 1}
+        assert mine == edge_charges == {(1, 0): 1}, (mine, edge_charges)
+        metrics = _lines(run / "metrics.jsonl")
+        assert len(metrics) == rounds
+        for t in range(2, rounds):  # gone: not asked, not charged
+            assert metrics[t]["devices"][1] == {"device": 1, "transmitted": False,
+                                                "skipped": "absent"}, metrics[t]
+        summary = json.loads((run / "summary.json").read_text())
+        uploads = {d["device"]: d["uploads"] for d in summary["privacy"]["devices"]}
+        assert uploads[1] == 1, uploads
+        assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(DEVICES)})
+    finally:
+        procs.close()
+    _no_process_left(tmp_path, hw)

@@ -9,11 +9,14 @@ Per round, on the aggregator:
    receiver's own frequency reference: a shared 10 MHz and PPS are required);
 2. **gate** (:meth:`aggregator.aircomp_round.AirCompRound.gate`): ``c`` and every
    participant's event, checked against its budget;
-3. **ask**: each participant's intent is journalled, then its ``round`` request carries its
-   event, the round's part of it and ``aircomp`` (its ``alpha = c / h_hat``, ``c``, the
-   bound on ``E|x|^2``) and the one slot's ``tx_time_s``; each edge trains, checks the event
-   against its own ledger and budget, journals it and transmits
-   (:mod:`edge_device.lab.aircomp_edge`);
+3. **ask**: each participant's ``round`` request carries its event, the round's part of it
+   and ``aircomp`` (its ``alpha = c / h_hat``, ``c``, the bound on ``E|x|^2``); each edge
+   trains, checks the event against its own ledger and budget, prepares its frame and says
+   ``upload_ready``. Once all are ready (or the train allowance has passed) the one slot is
+   set, each ready participant's intent is journalled and its ``slot`` carries the slot's
+   ``tx_time_s``; each journals it and transmits (:mod:`edge_device.lab.aircomp_edge`). A
+   participant not ready gets no slot, does not transmit and is not charged (it counts as
+   one that failed, below);
 4. **capture** the slot once its window has passed and decode the sum ``y / c``
    (:meth:`radio.slot_receiver.SlotReceiver.decode_shared`,
    :func:`radio.aircomp_air.decode_sum`); the aggregator never sees a device's values, so
@@ -157,33 +160,51 @@ def lab_aircomp_round(
     power = air.signal_power(order)
     eq = pre_equalize(np.array([air.h_hat[i] for i in order]), c, air.p_max, power)
     n_slot = air.n_sym + PROBE_SYMBOLS
-    slot = capture.schedule(t, order[:1], {order[0]: n_slot})[order[0]]
     weights = np.ascontiguousarray(state.w, dtype="<f8").tobytes()
-    remote._pending, remote._settled = {}, {}
+    nonces = {i: secrets.token_hex(16) for i in order}
     for k, i in enumerate(order):
-        nonce = book.begin(events[i]) if book is not None else secrets.token_hex(16)
-        remote._pending[i] = (nonce, events[i])
         a = complex(eq.alpha[k])
         remote.plane.send(i, "round", {
-            "round": t, "nonce": nonce, "d": state.d, "channel": remote.channel(events[i]),
+            "round": t, "nonce": nonces[i], "d": state.d,
+            "channel": remote.channel(events[i]),
             "mechanism": events[i].to_dict() if book is not None else None,
-            "slot": 0, "deadline_s": float(remote.round_timeout_s),
-            "tx_time_s": slot.start_s,
+            "slot": 0, "deadline_s": capture.paced_deadline_s(), "tx_time_s": None,
+            "await_slot": True,
             "aircomp": {"alpha_re": a.real, "alpha_im": a.imag, "amplitude": c,
                         "signal_power": power},
         }, weights)
+    # Paced by the edges: the shared slot is set once every participant is ready (or the
+    # train allowance has passed); only the ready ones are journalled and get it.
+    ready, answers = timer.timed("train", lambda: capture.await_ready(t, nonces, stop))
+    remote._pending, remote._settled = {}, {}
+    slot = None
+    if ready:
+        slot = capture.schedule(t, ready[:1], {ready[0]: n_slot},
+                                allowance_s=capture.slot_lead_s)[ready[0]]
+    for i in order:
+        if i in ready:
+            assert slot is not None
+            nonce = book.begin(events[i], nonces[i]) if book is not None else nonces[i]
+            remote._pending[i] = (nonce, events[i])
+            remote.plane.send(i, "slot", {"round": t, "nonce": nonce,
+                                          "tx_time_s": slot.start_s})
+        elif i not in answers:
+            remote.plane.send(i, "slot", {"round": t, "nonce": nonces[i], "tx_time_s": None})
+            log.warning("round %d: device %d was not ready within %g s (train allowance); "
+                        "it sits the slot out, not charged", t, i, capture.train_allowance_s)
     fault_point("lab_after_request")
-    answers: dict[int, Message] = {}
-    _serve_until(remote, t, slot.window_end_s + CAPTURE_MARGIN_S, stop, answers)
     receiver = capture.link.receiver
     y: np.ndarray | None = None
-    try:
-        window = timer.timed("capture", lambda: receiver.receive([slot], round_index=t))
-        rec = receiver.decode_shared(window[order[0]], n_slot, device=order[0], round_index=t)
-        y = decode_sum(rec, c)
-    except LinkError as exc:  # LinkFailed (a dead receiver) propagates
-        log.warning("round %d: the shared slot's frame was lost: %s", t, exc)
-    remote._collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
+    if slot is not None:
+        _serve_until(remote, t, slot.window_end_s + CAPTURE_MARGIN_S, stop, answers)
+        try:
+            window = timer.timed("capture", lambda: receiver.receive([slot], round_index=t))
+            rec = receiver.decode_shared(window[ready[0]], n_slot, device=ready[0],
+                                         round_index=t)
+            y = decode_sum(rec, c)
+        except LinkError as exc:  # LinkFailed (a dead receiver) propagates
+            log.warning("round %d: the shared slot's frame was lost: %s", t, exc)
+        remote._collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
     return _settle(remote, air, t, c, order, events, answers, y, timer)
 
 
@@ -245,5 +266,12 @@ def _settle(remote: RemoteDevices, air: AirCompRound, t: int, c: float, order: l
             losses.append(loss)
     for i in refused:
         entries[i] = {"device": i, "transmitted": False, "skipped": "refused"}
+    for i in order:
+        if i not in pending:  # refused before it was ready, or not ready: no slot, no charge
+            msg = answers.get(i)
+            entries[i] = {"device": i, "transmitted": False, "charged": False,
+                          "skipped": "refused" if msg is not None else "not ready"}
+            if msg is None:
+                entries[i]["straggler"] = True
     keep_slot(state, t, kept, entries, total if kept else None, timer)
     return entries, total, losses, report

@@ -159,7 +159,7 @@ class ControlPlane:
         if msg.type == "clock_req":  # answered at once, whatever else is under way
             self.send(device, "clock", {"t_send": msg["t_send"], "t_remote": self.clock()})
             return None
-        if msg.type not in ("upload", "refuse", *EDGE_MESSAGES):
+        if msg.type not in ("upload", "upload_ready", "refuse", *EDGE_MESSAGES):
             self.reject(device, f"unexpected {msg.type}")
             return None
         return device, msg

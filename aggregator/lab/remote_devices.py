@@ -238,43 +238,96 @@ class RemoteDevices:
         self, t: int, w: np.ndarray, asked: dict[int, PrivacyEvent], journal: Journal,
         stop: StopSignals, timer: StageTimer,
     ) -> Iterator[Answered]:
-        """Journal and send the round's requests, collect the answers (and the TDMA
-        capture), then yield each device's answer in device order."""
-        state = self.state
+        """Journal and send the round's requests, collect the answers (on the usrp link:
+        the edges' ``upload_ready``, their slots, the TDMA capture), then yield each
+        device's answer in device order."""
         self._pending, self._settled, self._round_fields = {}, {}, {}
         self._failure = None
         order = sorted(asked)
-        slots = self.capture.schedule(t, order) if self.capture is not None else {}
         weights = np.ascontiguousarray(w, dtype="<f8").tobytes()
-        for k, i in enumerate(order):
+        if self.capture is not None:
+            yield from self._ask_paced(t, order, asked, weights, journal, stop, timer)
+            return
+        for i in order:
             event = asked[i]
-            nonce = journal(i, event) or secrets.token_hex(16)
+            nonce = journal(i, event, None) or secrets.token_hex(16)
             self._pending[i] = (nonce, event)
-            self.plane.send(i, "round", {
-                "round": t, "nonce": nonce, "d": state.d, "channel": self.channel(event),
-                "mechanism": event.to_dict() if state.book is not None else None,
-                "slot": k, "deadline_s": float(self.round_timeout_s),
-                "tx_time_s": slots[i].start_s if i in slots else None, "aircomp": None,
-            }, weights)
-        fault_point("lab_after_request")  # journalled and asked, nothing received yet
+            self._send_round(t, i, nonce, event, weights, await_slot=False)
+        fault_point("lab_after_request")
         answers: dict[int, Message] = {}
-        deadline = time.monotonic() + self.round_timeout_s
-        receptions: dict[int, Reception | LinkError] = {}
-        if slots:
-            assert self.capture is not None
-            receptions, self._failure = self.capture.capture(
-                t, slots, self._pending, answers, self._take, stop, timer)
-            deadline = max(deadline, time.monotonic() + self.capture.answer_grace_s)
-            self._round_fields["tdma_guard_s"] = next(iter(slots.values())).guard_s
-        self._collect(t, answers, deadline, stop)
+        self._collect(t, answers, time.monotonic() + self.round_timeout_s, stop)
         for i in order:
             if i in self._settled:
                 yield Answered(i, None, Settled(self._settled[i]))
-            elif i not in self._pending:
-                continue  # cannot happen: every asked device is pending or settled
-            else:
-                nonce, event = self._pending[i]
-                yield Answered(i, nonce, self.check_answer(t, i, answers.get(i), receptions.get(i)))
+            elif i in self._pending:
+                nonce, _ = self._pending[i]
+                yield Answered(i, nonce, self.check_answer(t, i, answers.get(i), None))
+        self._pending = {}
+
+    def _send_round(self, t: int, i: int, nonce: str, event: PrivacyEvent, weights: bytes,
+                    *, await_slot: bool) -> None:
+        """Device ``i``'s ``round`` request: train from ``weights`` under ``nonce``; its
+        ``deadline_s``: the round's timeout, or for a paced round the longest a prepared
+        burst may wait for its slot (:meth:`SlotCapture.paced_deadline_s`)."""
+        self.plane.send(i, "round", {
+            "round": t, "nonce": nonce, "d": self.state.d, "channel": self.channel(event),
+            "mechanism": event.to_dict() if self.state.book is not None else None,
+            "slot": 0, "deadline_s": (self.capture.paced_deadline_s()
+                                      if await_slot and self.capture is not None
+                                      else float(self.round_timeout_s)),
+            "tx_time_s": None, "await_slot": await_slot, "aircomp": None,
+        }, weights)
+
+    def _ask_paced(
+        self, t: int, order: list[int], asked: dict[int, PrivacyEvent], weights: bytes,
+        journal: Journal, stop: StopSignals, timer: StageTimer,
+    ) -> Iterator[Answered]:
+        """The usrp link: a round paced by the edges (:mod:`aggregator.lab.usrp_capture`).
+
+        Each device trains and prepares its burst, then says ``upload_ready``; nothing is
+        journalled until the round's slots are set, once every device is ready or the
+        train allowance has passed. A ready device's intent is journalled just before its
+        ``slot`` goes out (it may transmit from then on); a device not ready by then is told
+        it has no slot, cannot transmit, and is not charged (a straggler)."""
+        capture = self.capture
+        assert capture is not None
+        nonces = {i: secrets.token_hex(16) for i in order}
+        for i in order:
+            self._send_round(t, i, nonces[i], asked[i], weights, await_slot=True)
+        ready, refused = timer.timed("train", lambda: capture.await_ready(t, nonces, stop))
+        slots = capture.schedule(t, ready, allowance_s=capture.slot_lead_s)
+        for i in ready:
+            nonce = journal(i, asked[i], nonces[i]) or nonces[i]
+            self._pending[i] = (nonce, asked[i])
+            self.plane.send(i, "slot", {"round": t, "nonce": nonce,
+                                        "tx_time_s": slots[i].start_s})
+        allowance = capture.train_allowance_s
+        for i in order:
+            if i not in ready and i not in refused:
+                self.plane.send(i, "slot", {"round": t, "nonce": nonces[i], "tx_time_s": None})
+                log.warning("round %d: device %d was not ready within %g s (train "
+                            "allowance); it sits the round out, not charged", t, i, allowance)
+                self._settled.setdefault(i, {
+                    "device": i, "transmitted": False, "straggler": True, "charged": False,
+                    "skipped": f"not ready within the train allowance ({allowance:g} s)"})
+        fault_point("lab_after_request")  # journalled and given slots, nothing received yet
+        answers: dict[int, Message] = {}
+        receptions: dict[int, Reception | LinkError] = {}
+        if slots:
+            receptions, self._failure = capture.capture(
+                t, slots, self._pending, answers, self._take, stop, timer)
+            self._round_fields["tdma_guard_s"] = next(iter(slots.values())).guard_s
+            self._collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
+        for i in order:
+            if i in self._settled:
+                yield Answered(i, None, Settled(self._settled[i]))
+            elif i in refused:
+                log.warning("round %d: device %d refused: %s", t, i, refused[i]["reason"])
+                yield Answered(i, None, Refused(refused[i]["reason"]))
+            elif i in self._pending:
+                nonce, _ = self._pending[i]
+                yield Answered(i, nonce, self.check_answer(t, i, answers.get(i),
+                                                           receptions.get(i)))
         self._pending = {}
 
     def _take(self, t: int, got: tuple[int, Message] | None, answers: dict[int, Message]

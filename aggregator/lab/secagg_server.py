@@ -192,7 +192,8 @@ class LabSecAggRound:
             mechanism = self.events[i].to_dict() if exp.state.book is not None else None
             self._send(i, "round", {"d": exp.state.d, "channel": None, "mechanism": mechanism,
                                     "slot": k, "deadline_s": float(exp.round_timeout_s),
-                                    "tx_time_s": None, "aircomp": None}, weights)
+                                    "tx_time_s": None, "await_slot": False,
+                                    "aircomp": None}, weights)
         asked = set(self.events)
         u1 = self._gather("sa_keys", asked, exp.round_timeout_s,
                           lambda i, m: server.receive_keys(keys_from(m)))

@@ -2,15 +2,18 @@
 capture of every slot window, and each edge's burst report.
 
 The edges transmit their own bursts (:mod:`aggregator.lab.usrp_split`); the aggregator only
-receives. Each round, the ``round`` messages carry the start of each device's slot; the
-aggregator keeps serving the control plane (``clock_req`` included) until the last slot's
-window has passed, captures the schedule once, and settles each on-air ``upload`` with the
-reception found in that device's window.
+receives. Each round is paced by the edges: the ``round`` messages ask them to train and
+prepare their bursts, each says ``upload_ready`` (:meth:`SlotCapture.await_ready`, until the
+train allowance's deadline), then the ready ones get the start of their slots (``slot``);
+the aggregator keeps serving the control plane (``clock_req`` included) until the last
+slot's window has passed, captures the schedule once, and settles each on-air ``upload``
+with the reception found in that device's window.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from aggregator.lab.usrp_split import (
     open_slot_receiver,
     round_guard_s,
     round_slots,
+    slot_lead_s,
 )
 from aggregator.state import RunState
 from radio.analog import n_symbols_for
@@ -70,6 +74,14 @@ class SlotCapture:
         self.train_allowance_s = train_allowance_s
         #: Each device's last reported timing uncertainty (s), for the guard.
         self.timing_uncertainty_s: dict[int, float] = {}
+        #: Seconds from the ``slot`` messages to the first slot of a paced round.
+        self.slot_lead_s = slot_lead_s(state.hw)
+
+    def paced_deadline_s(self) -> float:
+        """A paced round's ``deadline_s`` (s): the train allowance plus the slot's lead,
+        the longest an edge's prepared burst (and its clock offset, measured before it says
+        ``upload_ready``) waits for its slot."""
+        return self.train_allowance_s + self.slot_lead_s
 
     @classmethod
     def open(cls, state: RunState, plane: ControlPlane, record_dir: Path | None,
@@ -165,6 +177,43 @@ class SlotCapture:
             return {i: lost for i in slots}, exc
         except LinkError as exc:  # the capture is not held: every window of it is lost
             return {i: exc for i in slots}, None
+
+    def await_ready(self, t: int, nonces: dict[int, str], stop: StopSignals
+                    ) -> tuple[list[int], dict[int, Message]]:
+        """Serve the control plane until every device of ``nonces`` (device -> the nonce
+        of its ``round`` request) said ``upload_ready`` or ``refuse``, or the train
+        allowance has passed since now.
+
+        Returns
+        -------
+        ready
+            The devices ready, ascending.
+        refused
+            The ``refuse`` of each device that refused before it was ready (nothing went on
+            air, nothing was journalled).
+        """
+        ready: set[int] = set()
+        refused: dict[int, Message] = {}
+        deadline = time.monotonic() + self.train_allowance_s
+        while len(ready) + len(refused) < len(nonces):
+            stop.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            got = self.plane.poll(min(0.2, left))
+            if got is None:
+                continue
+            device, msg = got
+            if (msg.type not in ("upload_ready", "refuse") or device not in nonces
+                    or msg["round"] != t or msg["nonce"] != nonces[device]
+                    or device in ready or device in refused):
+                self.plane.reject(device, f"{msg.type} out of round (round {msg['round']})")
+                continue
+            if msg.type == "refuse":
+                refused[device] = msg
+            else:
+                ready.add(device)
+        return sorted(ready), refused
 
     def budget_snr_db(self, i: int) -> float | None:
         """The SNR (dB, ``Es/N0`` of unit-power symbols: what the receiver estimates from

@@ -7,9 +7,11 @@ the aggregator never drives a transmitter. Per round it
 1. sizes each scheduled device's burst (the frame :func:`radio.modem.modulate` makes of
    ``n_symbols_for(l)`` symbols) and the guard (:func:`radio.tdma.slot_guard_s` from the
    worst timing uncertainty the edges reported, or the fixed guard of a shared reference);
-2. lays the slots out back to back, the first window opening ``train_allowance_s`` after
-   now on the receiver's time base (:meth:`radio.slot_receiver.SlotReceiver.now_s`), and
-   puts each device's slot start in its ``round`` message (``tx_time_s``);
+2. once every asked edge said ``upload_ready`` (trained, noised, burst built) or the
+   deadline ``train_allowance_s`` passed, lays the slots of the ready devices out back to
+   back, the first window opening :func:`slot_lead_s` after now on the receiver's time
+   base (:meth:`radio.slot_receiver.SlotReceiver.now_s`), and sends each its slot start
+   (``slot``, ``tx_time_s``); a device not ready is told it has no slot;
 3. once the last window has passed, captures the schedule once and decodes each window
    (:meth:`radio.slot_receiver.SlotReceiver.receive_all`).
 
@@ -40,10 +42,23 @@ INITIAL_TIMING_UNCERTAINTY_S = 5e-3
 MAX_GUARD_UNCERTAINTY_S = 0.05
 #: Time (s) after the last window closes before the capture is read (ring delivery).
 CAPTURE_MARGIN_S = 0.05
-#: Default and largest time (s) from sending ``round`` to the first slot: the edges train
-#: in it. An edge refuses a burst due more than 30 s ahead (``radio.edge_radio.MAX_LEAD_S``).
+#: Default and largest deadline (s) from sending ``round`` to an edge's ``upload_ready``
+#: (the edges train in it; a device not ready by then is a straggler for the round, is told
+#: so and is not charged). An edge refuses a burst due more than 30 s ahead
+#: (``radio.edge_radio.MAX_LEAD_S``).
 DEFAULT_TRAIN_ALLOWANCE_S = 10.0
 MAX_TRAIN_ALLOWANCE_S = 25.0
+#: Time (s) from sending the ``slot`` messages to the first slot, beyond the hardware
+#: config's ``usrp.burst_lead_s``: the message's delivery and an edge's clock exchanges
+#: (without a shared reference it measures its offset before every burst).
+SLOT_MESSAGE_ALLOWANCE_S = 0.25
+
+
+def slot_lead_s(hw: HardwareConfig) -> float:
+    """Seconds from the ``slot`` messages to the first slot of a paced round:
+    ``usrp.burst_lead_s`` (what a transmitter needs to have a burst in hand before it is
+    due) plus :data:`SLOT_MESSAGE_ALLOWANCE_S`."""
+    return float(hw.usrp.burst_lead_s) + SLOT_MESSAGE_ALLOWANCE_S
 
 
 class ReceiverFactory(Protocol):

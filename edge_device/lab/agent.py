@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_device.device_worker import DeviceWorker
 from edge_device.energy_meter import make_meter
+from edge_device.lab.agent_view import Prepared
 from edge_device.lab.aircomp_edge import on_pilot
 from edge_device.lab.clock import CLOCK_REPLY_TIMEOUT_S, measure_offset
 from edge_device.lab.edge_end import (
@@ -63,7 +64,7 @@ from edge_device.lab.edge_end import (
 from edge_device.lab.errors import EdgeError
 from edge_device.lab.ledger_sync import on_ack, on_sync, own_event
 from edge_device.lab.replies import send
-from edge_device.lab.rounds import on_round
+from edge_device.lab.rounds import on_round, on_slot
 from edge_device.lab.secagg_client import EdgeSecAgg
 from edge_device.lab.secagg_phases import SECAGG_MESSAGES, on_secagg
 from edge_device.lab.transmit import AirFactory, open_air, open_transmitter
@@ -78,6 +79,9 @@ from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
 if TYPE_CHECKING:
     from radio.edge_radio import EdgeTransmitter
     from radio.time_sync import OffsetEstimate
+
+#: Seconds an edge that stops on an error gives its ``leave`` to reach the aggregator.
+LEAVE_FLUSH_S = 0.3
 
 __all__ = ["AirFactory", "EdgeAgent", "EdgeError", "open_transmitter"]
 
@@ -159,6 +163,8 @@ class EdgeAgent:
         self.worker: DeviceWorker | None = None
         self.pending: dict[str, Any] = {}  # nonce -> event journalled, not yet acked
         self.withdrawn: set[str] = set()  # nonces refused or withdrawn (never on air)
+        #: The upload of a paced round waiting for its ``slot`` (edge_device.lab.rounds).
+        self.prepared: Prepared | None = None
         self.dropped = 0
         self.uploads = 0
         self.refusals = 0
@@ -333,6 +339,8 @@ class EdgeAgent:
             on_sync(self, msg)
         elif msg.type == "round":
             on_round(self, client, msg)
+        elif msg.type == "slot":
+            on_slot(self, client, msg)
         elif msg.type == "pilot":
             on_pilot(self, msg)
         elif msg.type == "ack":
@@ -350,6 +358,15 @@ class EdgeAgent:
         else:
             self.dropped += 1
         return False
+
+    def _leave(self, client: CurveClient, reason: str) -> None:
+        """Tell the aggregator this edge is going away (it then neither asks nor charges
+        this device until it rejoins); best effort: the edge is ending anyway."""
+        try:
+            send(self, client, "leave", {"reason": f"edge stopped: {reason}"}, timeout_s=1.0)
+            time.sleep(LEAVE_FLUSH_S)  # the socket closes without lingering: let it go out
+        except Exception as exc:  # noqa: BLE001 - a dead connection changes nothing here
+            log.debug("device %d: leave not sent: %s", self.device, exc)
 
     def run(self) -> int:
         """Serve until the aggregator says ``leave``; returns the exit code (0).
@@ -387,8 +404,12 @@ class EdgeAgent:
                         self._hello(client)
                         heard = time.monotonic()
                     continue
-                if self.handle(client, frames):
-                    return 0
+                try:
+                    if self.handle(client, frames):
+                        return 0
+                except EdgeError as exc:
+                    self._leave(client, str(exc))
+                    raise
                 heard = answered = time.monotonic()
         finally:
             client.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +24,21 @@ if TYPE_CHECKING:
     from radio.usrp_settings import DeviceRadio
     from testbed.core.config.experiment import ExperimentConfig
     from testbed.core.privacy_book import PrivacyBook
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An upload trained, noised and encoded for a round paced by the edges, waiting for
+    its ``slot`` (nothing journalled, nothing sent; :func:`edge_device.lab.rounds.on_slot`).
+    """
+
+    round: int
+    nonce: str
+    event: Any
+    local: Any
+    aircomp: dict[str, Any] | None
+    #: The burst's samples, complex ``(n,)`` (made before ``upload_ready``).
+    samples: Any
 
 
 class AgentView(Protocol):
@@ -57,6 +73,7 @@ class AgentView(Protocol):
     # -- uploads and counts ---------------------------------------------------------------
     pending: dict[str, Any]
     withdrawn: set[str]
+    prepared: Prepared | None
     dropped: int
     uploads: int
     refusals: int

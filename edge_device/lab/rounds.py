@@ -9,23 +9,27 @@ epsilon target, or a diverged training is refused. Otherwise the device trains
 (:class:`edge_device.device_worker.DeviceWorker`), keeps its update when asked
 (``--keep-updates``), and answers by secure aggregation
 (:mod:`edge_device.lab.secagg_phases`), by its own burst (:mod:`edge_device.lab.transmit`),
-or with the symbols over the control plane (its intent journalled first).
+or with the symbols over the control plane (its intent journalled first). In a round paced
+by the edges (``await_slot``, the split ``usrp`` link) the device says ``upload_ready`` once
+its upload is prepared, and transmits when the ``slot`` comes (:func:`on_slot`).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_device.device_worker import TrainingDiverged
+from edge_device.lab.agent_view import Prepared
 from edge_device.lab.ledger_sync import mechanism_differs, own_event
 from edge_device.lab.replies import refuse, send, upload_fields
 from edge_device.lab.secagg_phases import begin_secagg
-from edge_device.lab.transmit import transmit
-from testbed.core.faults import fault_point
+from edge_device.lab.transmit import burst_samples, prepare_offset, transmit
+from testbed.core.faults import fault_point, ready_delay_s
 from testbed.core.rundir import atomic_write_bytes
 from testbed.core.stage_timer import StageTimer
 
@@ -70,7 +74,8 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
         refuse(agent, client, t, nonce, f"this device's ledger already records an upload "
                                         f"in round {t}")
         return
-    if tx_time is not None and agent.air is None:
+    paced = bool(msg["await_slot"])
+    if (tx_time is not None or paced) and agent.air is None:
         refuse(agent, client, t, nonce, (
             f"the aggregator runs the usrp link, but this edge's link is {agent.link} "
             "(no transmitter); start it with --hw naming the lab's usrp config"))
@@ -80,7 +85,7 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
             "scheme aircomp needs a shared time and frequency reference; this edge's "
             "usrp.time_source is not shared"))
         return
-    if tx_time is None and agent.air is not None and agent.secagg is None:
+    if tx_time is None and not paced and agent.air is not None and agent.secagg is None:
         log.warning("device %d: round %d without a slot time: the aggregator's link is "
                     "simulated; sending the symbols over the control plane", agent.device, t)
     event = own_event(agent, t, msg["channel"])
@@ -103,10 +108,51 @@ def on_round(agent: AgentView, client: CurveClient, msg: Message) -> None:
     if agent.secagg is not None:
         begin_secagg(agent, client, t, nonce, local, event)
         return
+    if paced:  # the slot comes once the aggregator has every device's upload_ready
+        # Everything but the journal and the hand-over is done before saying ready: the
+        # burst made, the clock offset measured for a slot at most the deadline away.
+        if not prepare_offset(agent, client, t, nonce, float(msg["deadline_s"])):
+            return
+        agent.prepared = Prepared(t, nonce, event, local, msg["aircomp"],
+                                  burst_samples(agent, t, local, msg["aircomp"]))
+        delay = ready_delay_s()
+        if delay > 0:
+            time.sleep(delay)  # a slow device (tests): a straggler past the train allowance
+        send(agent, client, "upload_ready", {"round": t, "nonce": nonce,
+                                             "n_symbols": int(local.upload.symbols.size)})
+        return
     if tx_time is not None:
         transmit(agent, client, t, nonce, event, local, float(tx_time), msg["aircomp"])
         return
     _upload_symbols(agent, client, t, nonce, event, local)
+
+
+def on_slot(agent: AgentView, client: CurveClient, msg: Message) -> None:
+    """``slot``: transmit the prepared upload at ``tx_time_s`` (its intent journalled
+    first, :func:`edge_device.lab.transmit.transmit`); ``null``: the round's slots were set
+    without this device (not ready in time), so the upload is dropped: it never goes on
+    air and nothing is charged. A slot for anything but the prepared upload is ignored.
+
+    Raises
+    ------
+    EdgeError
+        The transmitter is dead.
+    """
+    prepared = agent.prepared
+    if prepared is None or (prepared.round, prepared.nonce) != (msg["round"], msg["nonce"]):
+        agent.dropped += 1
+        log.warning("device %d: ignored a slot for an upload it has not prepared (round %d)",
+                    agent.device, msg["round"])
+        return
+    agent.prepared = None
+    if msg["tx_time_s"] is None:
+        agent.withdrawn.add(prepared.nonce)
+        log.warning("device %d: round %d: no slot (not ready within the train allowance); "
+                    "nothing sent", agent.device, prepared.round)
+        return
+    transmit(agent, client, prepared.round, prepared.nonce, prepared.event, prepared.local,
+             float(msg["tx_time_s"]), prepared.aircomp, samples=prepared.samples,
+             offset_measured=True)
 
 
 def _upload_symbols(agent: AgentView, client: CurveClient, t: int, nonce: str, event: Any,

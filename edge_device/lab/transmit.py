@@ -69,9 +69,46 @@ def open_air(agent: AgentView, hw: HardwareConfig) -> None:
         raise EdgeError(str(exc)) from None
 
 
+def burst_samples(agent: AgentView, t: int, local: Any, aircomp: dict[str, Any] | None
+                  ) -> np.ndarray:
+    """The samples of this device's burst in round ``t``: its own frame (its preamble root
+    and pilots, so that the receiver tells its frame from another's) or, for ``aircomp``,
+    its pre-equalized frame in the shared slot
+    (:func:`edge_device.lab.aircomp_edge.slot_samples`)."""
+    from radio.framing import device_waveform
+    from radio.modem import modulate
+
+    up = local.upload
+    if aircomp is not None:
+        from edge_device.lab.aircomp_edge import slot_samples
+
+        return slot_samples(agent, t, up.symbols, aircomp)
+    samples, _ = modulate(device_waveform(agent.waveform, agent.device),
+                          np.asarray(up.symbols, dtype=np.complex128))
+    return samples
+
+
+def prepare_offset(agent: AgentView, client: CurveClient, t: int, nonce: str,
+                   hold_s: float) -> bool:
+    """Without a shared time reference, measure the clock offset to the aggregator for a
+    burst at most ``hold_s`` away (a paced round: before ``upload_ready``, so that the
+    ``slot``'s lead needs no clock exchange); refuse the round when no answer comes.
+    Returns whether the device can transmit."""
+    if agent.shared_time:
+        return True
+    try:
+        measure_offset(agent, client, hold_s=hold_s + HOLD_MARGIN_S)
+    except TimeoutError as exc:
+        refuse(agent, client, t, nonce, f"not sent: {exc}; the slot time cannot be mapped "
+                                        "to this host's clock")
+        return False
+    return True
+
+
 def transmit(
     agent: AgentView, client: CurveClient, t: int, nonce: str, event: Any, local: Any,
-    tx_time_s: float, aircomp: dict[str, Any] | None = None,
+    tx_time_s: float, aircomp: dict[str, Any] | None = None, *,
+    samples: np.ndarray | None = None, offset_measured: bool = False,
 ) -> None:
     """Usrp link: send this round's burst at ``tx_time_s`` (the slot's start, schedule
     time base), the intent journalled before the air; then ``upload`` its report.
@@ -94,17 +131,18 @@ def transmit(
         Scheme ``aircomp``: the round's ``aircomp`` part (the burst is this device's frame
         in the shared slot, :func:`edge_device.lab.aircomp_edge.slot_samples`); ``None``:
         its own frame in its TDMA slot.
+    samples
+        The burst, made already (:func:`burst_samples`); ``None``: made here.
+    offset_measured
+        The clock offset was measured for this burst already (:func:`prepare_offset`).
 
     Raises
     ------
     EdgeError
         The transmitter is dead (the intent is withdrawn and the round refused first).
     """
-    from radio.framing import device_waveform
-    from radio.modem import modulate
-
     assert agent.air is not None
-    if not agent.shared_time:
+    if not agent.shared_time and not offset_measured:
         # Re-measured before every burst; its drift allowance covers the time to the slot.
         lead = tx_time_s - (agent.offset.to_remote(agent.clock()) if agent.offset else
                             tx_time_s)
@@ -120,14 +158,8 @@ def transmit(
     agent.pending[nonce] = event
     fault_point("edge_after_intent")
     up = local.upload
-    if aircomp is not None:
-        from edge_device.lab.aircomp_edge import slot_samples
-
-        samples = slot_samples(agent, t, up.symbols, aircomp)
-    else:
-        # Its own preamble root and pilots: the receiver tells its frame from another's.
-        samples, _ = modulate(device_waveform(agent.waveform, agent.device),
-                              np.asarray(up.symbols, dtype=np.complex128))
+    if samples is None:
+        samples = burst_samples(agent, t, local, aircomp)
     try:
         report = agent.air.transmit(samples, tx_time_s, hand_over_late=late_burst(),
                                     shift_s=tx_shift_s())

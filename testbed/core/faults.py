@@ -29,6 +29,10 @@ the burst's time (a stalled host): the USRP finds it late and must report it
 ``N``-th) ``S`` seconds from its slot after the transmitter's checks (an edge that mistakes
 its slot): two edges meet in one slot and collide on the air (:func:`tx_shift_s`).
 
+``TESTBED_READY_DELAY_S=S`` makes an edge wait ``S`` seconds before it says
+``upload_ready`` in every paced round (``S:N``: in its ``N``-th only): a slow device, a
+straggler once the train allowance has passed (:func:`ready_delay_s`).
+
 ``TESTBED_AIR_LOG=PATH`` appends one fsynced JSON line ``{"device", "round", "nonce"}`` just
 before each transmission is handed to the link: the device's own record of what it put on
 the air, against which the privacy ledger can be audited.
@@ -133,6 +137,26 @@ def tx_shift_s() -> float:
         return shift
     _counts["tx_shift"] = _counts.get("tx_shift", 0) + 1
     return shift if _counts["tx_shift"] == n else 0.0
+
+
+def ready_delay_s() -> float:
+    """Seconds this edge waits before its ``upload_ready``: ``TESTBED_READY_DELAY_S=S`` in
+    every paced round, ``S:N`` in the ``N``-th only."""
+    raw = os.environ.get("TESTBED_READY_DELAY_S", "")
+    if not raw:
+        return 0.0
+    value, _, nth = raw.partition(":")
+    try:
+        delay, n = float(value), int(nth or "0")
+    except ValueError:
+        delay, n = math.nan, 0
+    if not (math.isfinite(delay) and 0 <= delay <= 600 and n >= 0):
+        raise ValueError(f"TESTBED_READY_DELAY_S={raw!r}; allowed: seconds in [0, 600], "
+                         "optionally :N (the N-th paced round only)")
+    if n == 0:
+        return delay
+    _counts["ready_delay"] = _counts.get("ready_delay", 0) + 1
+    return delay if _counts["ready_delay"] == n else 0.0
 
 
 def log_air(device: int, round_index: int, nonce: str | None) -> None:

@@ -76,8 +76,9 @@ class UploadHeader:
 #: carries ``tx_time_s``, ``upload`` carries ``on_air`` and ``tx_report``; ``clock_req`` and
 #: ``clock`` (the split ``usrp`` link's control-plane clock offset). 3: ``round`` carries
 #: ``mechanism`` (the aggregator's privacy event of the upload); the ``sa_*`` messages of
-#: 002's secure aggregation.
-PROTOCOL_VERSION = 3
+#: 002's secure aggregation. 4: rounds paced by the edges on the split ``usrp`` link
+#: (``round`` carries ``await_slot``; ``upload_ready`` and ``slot``).
+PROTOCOL_VERSION = 4
 #: Largest control-plane message either side accepts (bytes); libzmq drops larger ones
 #: before they are read. An upload of d parameters is 8 d bytes (d/2 complex symbols), a
 #: model 8 d bytes: models up to about 8 million parameters.

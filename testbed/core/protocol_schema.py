@@ -73,8 +73,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "slot": _INT,
         "deadline_s": _FLOAT,
         # split usrp link: when the burst is due (start of the device's TDMA slot, s, on the
-        # schedule's time base: radio/edge_radio.py); null on simulated links
+        # schedule's time base: radio/edge_radio.py); null on simulated links and when
+        # await_slot is true
         "tx_time_s": _FLOAT + _OPT,
+        # split usrp link, rounds paced by the edges: train, prepare the burst, say
+        # ``upload_ready``, and transmit only at the time a later ``slot`` names
+        "await_slot": _BOOL,
         # the privacy event the aggregator gated the upload with (its to_dict(), the
         # mechanism's parameters: e.g. 004's l1 clip, Laplace scale and full batch); the
         # edge records its own and refuses when they differ. Null: the aggregator keeps no
@@ -85,6 +89,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
         # c, the bound on E|x|^2 its frame is normalised with); null otherwise
         "aircomp": _DICT + _OPT,
     },
+    # edge -> aggregator (await_slot): trained, noised, burst built; nothing journalled or
+    # sent yet (n_symbols: the upload's symbols)
+    "upload_ready": {"device": _INT, "round": _INT, "nonce": _STR, "n_symbols": _INT},
+    # aggregator -> edge (await_slot): transmit the prepared burst at tx_time_s (schedule
+    # time base); null: no slot this round (not ready by the deadline): drop it, send nothing
+    "slot": {"device": _INT, "round": _INT, "nonce": _STR, "tx_time_s": _FLOAT + _OPT},
     # aggregator -> edge (scheme aircomp, usrp link): send the public pilot frame alone at
     # tx_time_s (schedule time base) so that the receiver estimates this device's path
     "pilot": {"device": _INT, "round": _INT, "tx_time_s": _FLOAT, "n_symbols": _INT},
@@ -163,6 +173,8 @@ PAYLOADS: dict[str, str | None] = {
     "sync": None,
     "round": "float64",
     "pilot": None,
+    "upload_ready": None,
+    "slot": None,
     "upload": "complex128",
     "ack": None,
     "refuse": None,

@@ -352,9 +352,9 @@ def test_a_device_not_ready_by_the_deadline_sits_the_round_out_uncharged(
     tmp_path: Path,
 ) -> None:
     """Rounds are paced by the edges: device 2 says ``upload_ready`` 12 s late in its
-    second round, past the train allowance (8 s), and is on time again in the third. The round's slots are set without it; it
-    is told it has no slot, sends nothing and is charged nothing, on either ledger; the
-    others' uploads of that round are credited as usual."""
+    second round, past the train allowance (8 s), and is on time again in the third. That
+    round's slots are set without it; it is told it has no slot, sends nothing and is
+    charged nothing, on either ledger; the others' uploads of that round are credited."""
     require_gnuradio()
     keys, endpoint, procs = new_lab(tmp_path, DEVICES)
     hw, _ = _resolved_hw(tmp_path, str(ROOT / "hw_configs" / "virtual_lab.yaml"), [])

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from testbed.core.config.emulated import radios_words
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 
@@ -54,7 +55,7 @@ def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
         The line (the note's line, then the outcome's, when a device added no noise).
     """
     acc = summary.get("final_accuracy")
-    on = f" on {summary['radios']}" if summary.get("radios") else ""
+    on = f" on {radios_words(summary['radios'])}" if summary.get("radios") else ""
     text = (
         f"run {summary['status']}{on}: "
         f"{summary['rounds_completed']}/{summary['rounds_planned']} "

@@ -14,6 +14,38 @@ from aggregator.solver.calibration import uploads_to_target
 from aggregator.state import RunState
 from testbed.core.config.emulated import EMULATED_LABEL
 from testbed.core.config.link import link_name
+from testbed.core.radio_fallback import radio_kind
+
+#: The summary's ``radios`` of each kind of radio a ``usrp``-link run can use.
+RADIOS = {"usrp": "usrp", "virtual": "virtual", "emulated": EMULATED_LABEL}
+
+
+def radios_of(state: RunState) -> str | None:
+    """The summary's ``radios``: ``usrp`` (real USRPs), ``virtual`` (a virtual radio lab)
+    or :data:`~testbed.core.config.emulated.EMULATED_LABEL` (the emulation fallback);
+    ``None`` off the ``usrp`` link (no radios)."""
+    kind = radio_kind(state.cfg, state.hw)
+    return RADIOS[kind] if kind else None
+
+
+def applied_fading(state: RunState) -> dict[str, Any]:
+    """The fading the run's channel applied and who imposed it: on virtual or emulated
+    radios the virtual air's (``virtual_air.fading``, at its speed); on real USRPs the
+    hardware config's (the medium, e.g. a darkroom's channel emulator; ``null``: not
+    stated, the real channel's); on a simulated link the hardware config's, else the
+    experiment's (:func:`testbed.core.links.link_settings`)."""
+    hw, cfg = state.hw, state.cfg
+    kind = radio_kind(cfg, hw)
+    if kind in ("virtual", "emulated"):
+        air = hw.virtual_air
+        return {"model": air.fading, "source": "virtual air (virtual_air.fading)",
+                "speed_kmh": air.speed_kmh if air.fading != "none" else None}
+    if kind == "usrp":
+        return {"model": hw.fading, "source": "hardware config (the medium)" if hw.fading
+                else "the real channel (not stated)"}
+    if hw.fading:
+        return {"model": hw.fading, "source": "hardware config"}
+    return {"model": cfg.fading, "source": "experiment config"}
 
 
 def summary(
@@ -81,7 +113,8 @@ def summary(
         devices.append(entry)
     out: dict[str, Any] = {
         "status": status,
-        **({"radios": EMULATED_LABEL} if state.hw.usrp.emulated is not None else {}),
+        **({"radios": radios} if (radios := radios_of(state)) else {}),
+        "fading": applied_fading(state),
         "reason": reason,
         "exit_code": exit_code(status, completed, state.cfg),
         "scheme": state.cfg.scheme,

@@ -158,13 +158,16 @@ class SlotCapture:
             return [s for i, s in slots.items() if i in pending
                     and not (i in answers and answers[i].type == "refuse")]
 
-        try:
+        def wait_for_the_slots() -> None:
             while may_transmit():
                 stop.check()
                 left = end - split.receiver.now_s()
                 if left <= 0:
                     break
                 take(t, self.plane.poll(min(0.2, left)), answers)
+
+        try:
+            timer.timed("slots", wait_for_the_slots)
             on_air = may_transmit()
             if not on_air:
                 return {}, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from testbed import __version__
+from testbed.core.config.emulated import radios_words
 from testbed.report import channel_sections, sections
 from testbed.report.load import METRICS, SUMMARY, RunData
 from testbed.report.plots import Plot, comp_source
@@ -36,7 +37,8 @@ def render(run: RunData, plots: list[Plot]) -> tuple[str, list[Table]]:
     read = ", ".join(f"`{f}`" for f in run.read) or "nothing"
     radios = (run.summary or {}).get("radios") or ((run.meta or {}).get("radios") or {}).get(
         "label")
-    out.append(f"# Run report: {name}" + (f", on {radios}" if radios else "") + "\n")
+    out.append(f"# Run report: {name}" + (f", on {radios_words(radios)}" if radios else "")
+               + "\n")
     out.append(
         f"Run directory `{run.path.resolve()}`; report written by testbed {__version__} at "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Read: {read}. Every "

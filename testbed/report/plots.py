@@ -350,9 +350,12 @@ def snr_plot(run: RunData) -> Plot | None:
     ax_b.set_ylabel("SNR at the aggregator (dB)")
     ax_b.set_title(title, fontsize=10)
     _device_ticks(ax_b, keep)
-    fading = run.setting("fading")
+    applied = (run.summary or {}).get("fading")
+    fading = (applied.get("model") if isinstance(applied, dict) and applied.get("model")
+              else run.setting("fading"))
+    by = f", {applied['source']}" if isinstance(applied, dict) and applied.get("source") else ""
     caption = (f"Receive SNR (dB) of each upload per round and its distribution per device "
-               f"(fading: {fading if fading is not None else 'not recorded'})")
+               f"(fading: {fading if fading is not None else 'not recorded'}{by})")
     return Plot("snr.png", caption, _png(fig))
 
 

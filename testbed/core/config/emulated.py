@@ -15,6 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 EMULATED_LABEL = "emulated radios (no USRP found)"
 
 
+def radios_words(radios: str) -> str:
+    """A summary's ``radios`` in words, for the outcome line and the report: ``USRPs``,
+    ``virtual radios``, or :data:`EMULATED_LABEL` as it is."""
+    return {"usrp": "USRPs", "virtual": "virtual radios"}.get(radios, radios)
+
+
 class EmulatedRadios(BaseModel):
     """Where the emulated radios came from.
 

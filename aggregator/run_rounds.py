@@ -174,7 +174,8 @@ def progress_line(
     Parameters
     ----------
     round_no
-        Rounds done, counted from 1 (the line of round index ``t`` has ``t + 1``).
+        Rounds done, counted from 1: the line of round ``t`` (0-based, as in the metrics,
+        the logs and the report) has ``t + 1``, and shows both.
     rounds
         Rounds planned.
     train_loss
@@ -197,10 +198,10 @@ def progress_line(
     Returns
     -------
     str
-        E.g. ``round 3/40: train loss 0.512, test accuracy 0.8123, max epsilon 1.23
+        E.g. ``round 2 (3/40): train loss 0.512, test accuracy 0.8123, max epsilon 1.23
         (record, rdp), 12.3 s elapsed, about 2 min 40 s to go``.
     """
-    parts = [f"round {round_no}/{rounds}: train loss {train_loss:.4g}"]
+    parts = [f"round {round_no - 1} ({round_no}/{rounds}): train loss {train_loss:.4g}"]
     if test_accuracy is not None:
         parts.append(f"test accuracy {test_accuracy:.4f}")
     if subset_accuracy is not None and test_accuracy is None:

@@ -73,15 +73,22 @@ def run_experiment(
         Some of the link's USRPs found, some not (before the run directory exists).
     testbed.core.config.errors.ConfigError
         ``compute.device`` names a CUDA device torch does not see here, or asks for worker
-        processes on a GPU (before the run directory exists).
+        processes on a GPU; ``fallback`` emulate off the ``usrp`` link (before the run
+        directory exists).
     """
     from testbed.core.config.link import link_name
-    from testbed.core.radio_fallback import fallback_mode, radios_of, resolve_radios
+    from testbed.core.radio_fallback import (
+        check_fallback_applies,
+        fallback_mode,
+        radios_of,
+        resolve_radios,
+    )
 
     # where the model computes, checked before anything else is done or created
     compute = resolve_device(cfg.compute.device)
     check_workers(compute.torch_device, cfg.workers)
     hw = hw if hw is not None else load_hardware(cfg.hw_config)
+    check_fallback_applies(fallback, link_name(cfg, hw))
     on_usrp = link_name(cfg, hw) == "usrp"
     hw = resolve_radios(hw, fallback_mode(hw, fallback), radios_of(hw, "run") if on_usrp else [],
                         snr_db=cfg.snr_db_per_device(),

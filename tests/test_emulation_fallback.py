@@ -91,7 +91,7 @@ def test_without_the_fallback_a_missing_usrp_still_fails_the_link(tmp_path: Path
     res = _run("run", FEDSGD, "--hw", str(copy), "--set", "rounds=2", "--out",
                str(tmp_path / "run"), "--no-progress")
     assert res.returncode == 5, res.stdout + res.stderr
-    assert res.stdout.startswith("run link_failed: 0/2 rounds"), res.stdout
+    assert res.stdout.startswith("run link_failed on USRPs: 0/2 rounds"), res.stdout
     assert "no USRP found for the transmitter ('addr=127.0.0.2')" in res.stdout
     assert "--fallback emulate" in res.stdout
     assert "emulated" not in res.stdout.split("(")[0]

@@ -8,6 +8,7 @@ import errno
 import json
 import shutil
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import zmq
 import zmq.auth
 
 from testbed.cli import cmd_keys
-from testbed.core.curve_client import CurveClient
+from testbed.core.curve_client import CurveClient, KeyRefusedError
 from testbed.core.curve_keys import (
     KeyFileError,
     KeyFileMissingError,
@@ -238,6 +239,39 @@ def test_unlisted_key_is_refused_and_allowed_client_still_works(
                 assert server.recv(0.5) is None
         finally:
             plain.close(linger=0)
+
+
+@pytest.mark.timeout(300)  # generous: a loaded machine; the refusal itself takes ms
+def test_a_refused_key_is_reported_by_recv_at_once(
+    keys: KeySet, stranger: KeySet, ctx: zmq.Context[Any]
+) -> None:
+    """The server's ZAP handler refuses a key not on the allow-list and says so (CurveZMQ
+    ERROR); the client sees ZMQ_EVENT_HANDSHAKE_FAILED_AUTH on its socket monitor and
+    recv() raises KeyRefusedError long before its timeout, naming the endpoint and the
+    key. An allowed client on the same server is not affected."""
+    with CurveServer(ctx, ANY_PORT, keys_dir=keys.out_dir) as server:
+        endpoint = server.last_endpoint
+        public, secret = load_device_keys(stranger.out_dir, 0)
+        with (
+            CurveClient(ctx, endpoint, client_public=public, client_secret=secret,
+                        server_public=aggregator_public_key(keys.out_dir)) as intruder,
+            CurveClient(ctx, endpoint, keys_dir=keys.out_dir, device=1) as one,
+        ):
+            _send_to_refused(intruder, [b"hello"])
+            started = time.monotonic()
+            with pytest.raises(KeyRefusedError) as err:
+                intruder.recv(120.0)
+            assert time.monotonic() - started < 100.0  # the refusal, not the timeout
+            assert err.value.public_key == public and err.value.endpoint == endpoint
+            message = str(err.value)
+            assert endpoint in message and public.decode() in message
+            assert "not on the aggregator's allow-list" in message
+            with pytest.raises(KeyRefusedError):  # remembered: the session is gone
+                intruder.recv(0.0)
+            one.send([b"still admitted"])
+            got = server.recv(60.0)
+            assert got is not None and got[1:] == (1, [b"still admitted"])
+            assert one.recv(0.5) is None  # no refusal, nothing sent: just the timeout
 
 
 def test_send_polls_again_when_the_pipe_goes_between_poll_and_send(

@@ -30,16 +30,16 @@ def test_progress_line_with_accuracy_and_epsilon() -> None:
     line = progress_line(3, 40, 0.51234, elapsed_s=12.34, remaining_s=160.0,
                          test_accuracy=0.81234, subset_accuracy=0.8,
                          epsilon_max=1.23456, epsilon_unit="record", accountant="pld")
-    assert line == ("round 3/40: train loss 0.5123, test accuracy 0.8123, max epsilon 1.23 "
+    assert line == ("round 2 (3/40): train loss 0.5123, test accuracy 0.8123, max epsilon 1.23 "
                     "(record, pld), 12.3 s elapsed, about 2 min 40 s to go")
 
 
 def test_progress_line_without_accuracy_or_privacy() -> None:
     line = progress_line(1, 40, 2.0, elapsed_s=0.5, remaining_s=3725.0)
-    assert line == "round 1/40: train loss 2, 0.5 s elapsed, about 1 h 02 min to go"
+    assert line == "round 0 (1/40): train loss 2, 0.5 s elapsed, about 1 h 02 min to go"
     # the evaluation subset stands in when the full test set was not evaluated
     line = progress_line(40, 40, 0.3, elapsed_s=61.0, subset_accuracy=0.75)
-    assert line == "round 40/40: train loss 0.3, subset accuracy 0.7500, 1 min 01 s elapsed"
+    assert line == "round 39 (40/40): train loss 0.3, subset accuracy 0.7500, 1 min 01 s elapsed"
 
 
 def test_format_duration() -> None:
@@ -64,7 +64,7 @@ def test_run_off_a_terminal_prints_one_line_per_round(
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     lines = _round_lines(done.stderr)
-    assert [ln.split(":")[0] for ln in lines] == ["round 1/3", "round 2/3", "round 3/3"]
+    assert [ln.split(":")[0] for ln in lines] == ["round 0 (1/3)", "round 1 (2/3)", "round 2 (3/3)"]
     assert "test accuracy" not in lines[0] and "test accuracy" in lines[1]
     assert all("max epsilon" in ln and "(record, pld)" in ln and "elapsed" in ln
                for ln in lines)
@@ -87,7 +87,7 @@ def test_no_progress_prints_no_line_and_progress_every_thins_them(
                  "--set", "progress_every=2"]) == 0
     lines = _round_lines(capsys.readouterr().err)
     # every 2nd round, and the last whatever the count; no epsilon without privacy
-    assert [ln.split(":")[0] for ln in lines] == ["round 2/3", "round 3/3"]
+    assert [ln.split(":")[0] for ln in lines] == ["round 1 (2/3)", "round 2 (3/3)"]
     assert "epsilon" not in lines[0]
     # output only: not in the run's config.yaml (nor its pin), so a resume is not refused
     assert "progress_every" not in (tmp_path / "b" / "config.yaml").read_text()
@@ -171,16 +171,16 @@ def test_launch_relays_progress_and_join_lines(
     relay = LogRelay(log, "aggregator: ")
     relay.poll()  # no log yet
     log.write_text("2026-01-01 10:00:00,000 testbed.aggregator: device 2 joined (5 samples); "
-                   "1/2 devices joined\n2026-01-01 10:00:01,000 testbed.aggregator: round 1/")
+                   "1/2 devices joined\n2026-01-01 10:00:01,000 testbed.aggregator: round 0 (1/")
     relay.poll()
     with log.open("a") as fh:
-        fh.write("3: train loss 1, 0.1 s elapsed\nsomething else\n"
+        fh.write("3): train loss 1, 0.1 s elapsed\nsomething else\n"
                  "2026-01-01 10:00:02,000 testbed.aggregator: all 2 devices joined\n")
     relay.poll()
     relay.poll()
     assert capsys.readouterr().err.splitlines() == [
         "aggregator: device 2 joined (5 samples); 1/2 devices joined",
-        "aggregator: round 1/3: train loss 1, 0.1 s elapsed",
+        "aggregator: round 0 (1/3): train loss 1, 0.1 s elapsed",
         "aggregator: all 2 devices joined",
     ]
 

@@ -114,6 +114,24 @@ def test_check_lab_ota_builds_without_opening_devices(
     assert "[ok] device" not in text
 
 
+@pytest.mark.parametrize("name", ["virtual_lab", "virtual_darkroom"])
+def test_check_passes_on_the_shipped_virtual_configs(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The virtual configs build their tx and rx flowgraphs on virtual devices, each given
+    its air's address (before, rx.py refused: '--air-address is required')."""
+    require_gnuradio()
+    monkeypatch.chdir(REPO)
+    rc = main(["radio", "check", f"hw_configs/{name}.yaml", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    checks = {c["check"]: c for c in out["checks"]}
+    for role in ("tx", "rx"):
+        assert checks[f"build {role}"]["status"] == "ok", checks[f"build {role}"]
+        assert "virtual" in checks[f"build {role}"]["detail"], checks[f"build {role}"]
+    assert all(c["status"] != "FAIL" and c["ok"] is not False for c in out["checks"]), out
+
+
 #: Installed by the guard interpreter below: any import of UHD fails loudly.
 UHD_GUARD = """
 import sys

@@ -12,6 +12,7 @@ import pytest
 from radio.virtual_device import VirtualArgs, VirtualClock, is_virtual
 from testbed.core.config.hardware import device_radio, receiver_radio
 from testbed.core.config.loader import ConfigError, load_hardware
+from testbed.core.config.safe_yaml import dump_yaml_text, read_yaml_mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = str(ROOT / "hw_configs" / "virtual_lab.yaml")
@@ -41,6 +42,45 @@ def test_virtual_configs_load_and_every_radio_points_at_the_air() -> None:
 def test_bad_virtual_settings_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_hardware(LAB, [override])
+
+
+@pytest.mark.parametrize("key", ["burst_address", "stream_address"])
+@pytest.mark.parametrize("port", ["99999", "0"])
+def test_air_address_with_a_port_out_of_range_is_refused(key: str, port: str) -> None:
+    """Both addresses go through the one endpoint check of --bind/--connect
+    (:func:`testbed.core.endpoints.endpoint_problem`): a port outside 1..65535 is refused
+    (it used to load, and libzmq bound some other port or none)."""
+    address = f"tcp://127.0.0.1:{port}"
+    with pytest.raises(ConfigError) as err:
+        load_hardware(LAB, [f"virtual_air.{key}={address}"])
+    assert str(err.value) == (
+        f"hardware config key 'virtual_air.{key}': got '{address}'; port '{port}' is out "
+        "of range; allowed: PORT 1..65535"
+    )
+
+
+def test_a_bad_air_address_is_named_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_hardware(LAB, ["virtual_air.burst_address=nope"])
+    message = str(err.value)
+    assert message.count("'nope'") == 1, message
+    assert "virtual_air.burst_address" in message and "allowed: tcp://HOST:PORT" in message
+
+
+def test_a_virtual_config_without_a_virtual_air_section_says_the_section_is_missing(
+    tmp_path: Path,
+) -> None:
+    data = read_yaml_mapping(LAB, "test")
+    del data["virtual_air"]
+    path = tmp_path / "no_air.yaml"
+    path.write_text(dump_yaml_text(data))
+    with pytest.raises(ConfigError) as err:
+        load_hardware(str(path))
+    message = str(err.value)
+    assert "\n" not in message, message  # one problem, not one per transmitter
+    assert f"virtual_air: section missing from '{path}'" in message
+    assert "paths" in message and "attenuation_db" in message
+    assert "listed: none" not in message
 
 
 def test_virtual_args_and_clock() -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import add_fallback_option
+from testbed.cli.overrides import PathOption, add_fallback_option
 from testbed.core.config.aircomp_checks import check_lab_aircomp
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 
@@ -72,8 +72,9 @@ def register(sub: Any) -> None:
                    help="control endpoint (port * picks a free one)")
     p.add_argument("--keys", type=Path, required=True, metavar="DIR",
                    help="aggregator.key, aggregator.key_secret and allowed/ (testbed keys)")
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+    p.add_argument("--out", action=PathOption,
+                   help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--resume", action=PathOption, metavar="RUN_DIR",
                    help="continue an interrupted lab run (a finished one: tell the edges that "
                    "join that it has ended, until all were told or --join-timeout)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -87,8 +88,10 @@ def register(sub: Any) -> None:
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,
                    help="seconds to wait for every device to join")
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
-                   help="usrp link: seconds from the round request to the first TDMA slot "
-                        "(the edges train in it; default 10)")
+                   help="usrp link: deadline (s) for an edge to train and prepare its burst "
+                        "after the round request; the slots are set once every edge is "
+                        "ready, a device not ready by then sits the round out, uncharged "
+                        "(default 10)")
     p.add_argument("--phase-timeout", type=positive_seconds("--phase-timeout"), default=None,
                    metavar="SECONDS",
                    help="zcdp-secagg: seconds each secure-aggregation phase after the keys "
@@ -113,9 +116,10 @@ def _run(args: argparse.Namespace) -> int:
     from aggregator.outcome import outcome_line
     from testbed.core.config.link import link_name
     from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
-    from testbed.core.lab_checks import check_endpoint
+    from testbed.core.endpoints import check_endpoint
     from testbed.core.radio_fallback import (
         FallbackRefused,
+        check_fallback_applies,
         fallback_mode,
         radios_of,
         resolve_radios,
@@ -146,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
             cfg = load_experiment(args.config, args.overrides)
             loaded = load_hardware(cfg.hw_config, args.hw_overrides)
             check_lab_aircomp(cfg, loaded)
+            check_fallback_applies(args.fallback, link_name(cfg, loaded))
             hw = resolve_radios(loaded, fallback_mode(loaded, args.fallback),
                                 radios_of(loaded, "aggregator")
                                 if link_name(cfg, loaded) == "usrp" else [],

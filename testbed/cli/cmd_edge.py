@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import add_fallback_option
+from testbed.cli.overrides import PathOption, add_fallback_option
 from testbed.core.config.loader import load_hardware
 
 
@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device-id", type=_device_id, required=True)
     p.add_argument("--keys", type=Path, required=True, metavar="DIR",
                    help="device-I.key, device-I.key_secret and aggregator.key")
-    p.add_argument("--state-dir", type=Path, metavar="DIR",
+    p.add_argument("--state-dir", action=PathOption, metavar="DIR",
                    help="this device's ledger (default: edge-state/device-I)")
     p.add_argument("--hw", metavar="HW_CONFIG", help="this host's hardware config")
     add_fallback_option(p, "transmits on a virtual USRP with the hardware config's "
@@ -82,14 +82,19 @@ def _run(args: argparse.Namespace) -> int:
     from edge_device.lab.agent import EdgeAgent
     from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
+    from testbed.core.curve_client import KeyRefusedError
     from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.core.endpoints import check_endpoint
     from testbed.core.faults import host_clock
-    from testbed.core.lab_checks import check_endpoint, check_state_dir
+    from testbed.core.lab_checks import check_state_dir
+    from testbed.core.radio_fallback import check_fallback_applies
 
     setup_logging()
     hw = None
     try:
-        if args.hw is not None:
+        if args.hw is None:
+            check_fallback_applies(args.fallback, None)
+        else:
             from edge_device.radio_check import check_edge_radio
             from radio.edge_radio import RadioUnavailable
             from testbed.core.radio_fallback import (
@@ -100,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
             )
 
             hw = load_hardware(args.hw)
+            check_fallback_applies(args.fallback, hw.link)
             try:
                 hw = resolve_radios(
                     hw, fallback_mode(hw, args.fallback),
@@ -118,6 +124,23 @@ def _run(args: argparse.Namespace) -> int:
         return agent.run()
     except KeyboardInterrupt:
         return 130
+    except KeyRefusedError as exc:
+        print(f"testbed edge: error: {refused_key_message(exc, args.keys, args.device_id)}",
+              file=sys.stderr)
+        return 2
     except (EdgeError, KeyFileError, KeyFileMissingError, ValueError) as exc:
         print(f"testbed edge: error: {exc}", file=sys.stderr)
         return 2
+
+
+def refused_key_message(exc: Exception, keys_dir: Path, device: int) -> str:
+    """One line for an edge whose key the aggregator refused: what happened (``exc``,
+    :class:`~testbed.core.curve_client.KeyRefusedError`), this device's public key file
+    and the allow-list directory that must hold it."""
+    from testbed.core.curve_keys import ALLOWED_DIRNAME, PUBLIC_SUFFIX, device_name
+
+    key_file = Path(keys_dir) / f"{device_name(device)}{PUBLIC_SUFFIX}"
+    return (f"{exc}; copy this device's public key file {key_file} into the aggregator's "
+            f"allow-list directory (KEYS/{ALLOWED_DIRNAME}/ of `testbed keys --out KEYS` on "
+            "the aggregator host) and restart both, or give --keys the keys `testbed keys` "
+            "made for this aggregator")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import PathOption
 from testbed.core.curve_keys import MAX_DEVICES, KeySet, generate_keys
 
 
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
             "a secure channel. Exit code: 0 written, 2 bad input."
         ),
     )
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+    p.add_argument("--out", action=PathOption, required=True, metavar="DIR",
                    help="keys directory (created if missing; must not hold keys yet)")
     p.add_argument("--devices", type=int, required=True, metavar="N",
                    help=f"number of edge devices, 1..{MAX_DEVICES} (ids 0..N-1)")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import add_fallback_option
+from testbed.cli.overrides import PathOption, add_fallback_option
 
 
 def _devices(text: str) -> int:
@@ -39,7 +38,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
     p.add_argument("--devices", type=_devices, required=True)
-    p.add_argument("--out", type=Path, help="output directory (default: runs/launch-<time>)")
+    p.add_argument("--out", action=PathOption,
+                   help="output directory (default: runs/launch-<time>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--hw", metavar="HW_CONFIG",
                    help="hardware config for every process (the aggregator, each edge; with "
@@ -51,7 +51,8 @@ def register(sub: Any) -> None:
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
     p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
-                   help="usrp link: seconds from the round request to the first TDMA slot")
+                   help="usrp link: deadline (s) for an edge to train and prepare its burst; "
+                        "slots are set once every edge is ready (default 10)")
     p.add_argument("--phase-timeout", type=positive_seconds("--phase-timeout"), default=None,
                    metavar="SECONDS",
                    help="zcdp-secagg: seconds each secure-aggregation phase after the keys "

@@ -24,7 +24,13 @@ from radio.flowgraph_process import (
 )
 from radio.tdma import BURST_START_JITTER_S, slot_guard_s
 from radio.uhd_probe import find_usrps
-from testbed.core.config.hardware import DeviceRadio, HardwareConfig, device_radio
+from radio.virtual_device import is_virtual
+from testbed.core.config.hardware import (
+    DeviceRadio,
+    HardwareConfig,
+    device_radio,
+    receiver_radio,
+)
 from testbed.core.config.loader import load_hardware
 from testbed.core.links import waveform_params
 
@@ -254,12 +260,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         u = hw.usrp
         tx_args, tx_gain = (u.tx_args, u.tx_gain_db) if edge is None else (
             edge.tx_args, edge.tx_gain_db)
+        # A virtual device's flowgraph is built with its air's address (nothing connects
+        # until it runs): the burst address for a transmitter, the stream's for the receiver.
+        tx_air = hw.virtual_air.burst_address if is_virtual(tx_args) else ""
+        rx_air = receiver_radio(hw).air_address
         extra = {
             "channel_emulator": ["--samp-rate", repr(wf.sample_rate_hz)],
             "tx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", tx_args,
-                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(tx_gain)],
+                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(tx_gain),
+                   *(["--air-address", tx_air] if tx_air else [])],
             "rx": ["--samp-rate", repr(wf.sample_rate_hz), "--device-args", u.rx_args,
-                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(u.rx_gain_db)],
+                   "--center-freq", repr(hw.center_freq_hz), "--gain", repr(u.rx_gain_db),
+                   *(["--air-address", rx_air] if rx_air else [])],
         }
         with tempfile.TemporaryDirectory() as tmp:
             for name in names:

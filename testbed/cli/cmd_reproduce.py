@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import UniqueOverrides
+from testbed.cli.overrides import PathOption, UniqueOverrides
 from testbed.core.config.loader import ConfigError, parse_override
 
 
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     p.add_argument("targets", nargs="+", choices=TARGETS, metavar="TARGET",
                    help=f"one or more of {', '.join(TARGETS)}")
     p.add_argument("--quick", action="store_true", help="short runs (not a reproduction)")
-    p.add_argument("--out", type=Path, help="output folder (default reproduce-quick or "
+    p.add_argument("--out", action=PathOption, help="output folder (default reproduce-quick or "
                    "reproduce-full)")
     p.add_argument("--address", help="an existing Ray cluster (default: local Ray)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=DIR",

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import UniqueOverrides, add_fallback_option
+from testbed.cli.overrides import PathOption, UniqueOverrides, add_fallback_option
 from testbed.core.config.loader import ConfigError
 
 
@@ -53,8 +53,10 @@ def register(sub: Any) -> None:
         help="follow a `testbed plan --out` file: sets plan, and scheme, rounds, privacy unit "
         "and compression from it (before --set); the config must agree with the rest",
     )
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--out", action=PathOption,
+                   help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--resume", action=PathOption, metavar="RUN_DIR",
+                   help="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress: neither the bar (stderr a terminal) nor the plain "
                    "per-round lines (otherwise; every progress_every rounds)")

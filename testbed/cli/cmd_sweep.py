@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.overrides import PathOption
+
 
 def register(sub: Any) -> None:
     """Add the ``sweep`` subcommand."""
@@ -25,7 +27,7 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("sweep", type=Path, help="sweep YAML (base, set, hw_set, grid, cpus_per_cell)")
-    p.add_argument("--out", type=Path, help="output folder (default: sweeps/<name>)")
+    p.add_argument("--out", action=PathOption, help="output folder (default: sweeps/<name>)")
     p.add_argument(
         "--address",
         metavar="ADDR",

@@ -1,18 +1,25 @@
-"""``--set`` / ``--hw-set`` options that refuse a key given twice.
+"""Options that several commands share, checked as they are parsed.
 
+``--set`` / ``--hw-set`` (:class:`UniqueOverrides`) refuse a key given twice:
 ``--set privacy.epsilon=3 --set privacy.epsilon=7`` used to run with 7 and say nothing; the
 command now stops at parsing with one line naming the key and both values. Only the user's
 own options are checked: overrides a command adds itself (a plan's, a sweep cell's) still
 apply on top of them.
+
+``--out`` / ``--resume`` directories (:class:`PathOption`) refuse a control character
+(:func:`testbed.core.config.paths.check_path_text`); ``--fallback``
+(:func:`add_fallback_option`).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from testbed.core.config.errors import ConfigError
+from testbed.core.config.paths import check_path_text
 
 
 def override_key(item: str) -> str | None:
@@ -47,6 +54,24 @@ class UniqueOverrides(argparse.Action):
                     )
         items.append(item)
         setattr(namespace, self.dest, items)
+
+
+class PathOption(argparse.Action):
+    """``type=Path`` for an output or run directory (``--out``, ``--resume``), refusing a
+    path with a control character (:func:`~testbed.core.config.paths.check_path_text`)
+    with a :class:`ConfigError` at parsing (one ``testbed: error:`` line, exit 2), before
+    anything is created."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        text = str(values)
+        check_path_text(text, option_string or self.dest)
+        setattr(namespace, self.dest, Path(text))
 
 
 def add_fallback_option(p: argparse.ArgumentParser, what: str) -> None:

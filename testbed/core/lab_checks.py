@@ -1,9 +1,8 @@
 """Checks a lab process makes before it binds, connects or waits: each refuses bad input
 with one line that says what is wrong and what to do.
 
-* :func:`check_endpoint`: ``--bind`` / ``--connect`` endpoints (a TCP port outside
-  1..65535 is refused; libzmq would otherwise bind some other port, or connect nowhere and
-  wait forever).
+* ``--bind`` / ``--connect`` endpoints: :func:`testbed.core.endpoints.check_endpoint` (the
+  one check of zmq endpoints, shared with the virtual air's addresses).
 * :func:`check_allow_list`: a run of more devices than the allow-list holds keys for (those
   devices could never join).
 * :func:`mark_lab_run` / :func:`check_lab_run`: a lab run directory carries ``lab.json``;
@@ -15,49 +14,12 @@ with one line that says what is wrong and what to do.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from testbed.core.rundir import RunDir, RunDirError
 
 #: File that marks a run directory as a lab run's (written by ``testbed aggregator``).
 LAB_MARKER = "lab.json"
-
-_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]*)$")
-
-
-def check_endpoint(endpoint: str, flag: str, *, bind: bool) -> str:
-    """Return ``endpoint`` if it is a usable ``tcp://HOST:PORT`` (or another zmq transport).
-
-    Parameters
-    ----------
-    endpoint
-        The endpoint as given.
-    flag
-        The option it came from (named in the error).
-    bind
-        ``True`` for a bind endpoint: port ``*`` (any free port) is allowed there.
-
-    Raises
-    ------
-    ValueError
-        A tcp endpoint without a port, or a port that is not ``1..65535`` (``*`` when
-        binding).
-    """
-    if not endpoint.startswith("tcp://"):
-        if "://" in endpoint:
-            return endpoint  # ipc://, inproc://: libzmq checks those
-        raise ValueError(f"{flag}: got {endpoint!r}; expected tcp://HOST:PORT")
-    m = _TCP.match(endpoint)
-    allowed = "1..65535" + (" or * (any free port)" if bind else "")
-    if m is None:
-        raise ValueError(f"{flag}: got {endpoint!r}; expected tcp://HOST:PORT (PORT {allowed})")
-    port = m.group("port")
-    if bind and port == "*":
-        return endpoint
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{flag}: port {port!r} in {endpoint!r}; allowed: {allowed}")
-    return endpoint
 
 
 def check_allow_list(keys_dir: Path, devices: int) -> None:

@@ -39,6 +39,7 @@ from radio.link import LinkFailed
 from radio.link_budget import noise_psd_w_per_hz
 from radio.uhd_probe import ProbeResult, find_usrps
 from testbed.core.config.emulated import EMULATED_LABEL, EmulatedRadios
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig, device_radio
 from testbed.core.config.link import link_name
@@ -78,6 +79,39 @@ def fallback_mode(hw: HardwareConfig, cli: str | None) -> FallbackMode:
     if cli not in FALLBACK_CHOICES:
         raise ValueError(f"--fallback: got {cli!r}; allowed: {', '.join(FALLBACK_CHOICES)}")
     return cli  # type: ignore[return-value]
+
+
+def check_fallback_applies(cli: str | None, link: str | None) -> None:
+    """Refuse ``--fallback emulate`` where it would do nothing: off the ``usrp`` link.
+
+    The one check of ``testbed run``, ``aggregator``, ``edge`` and ``launch``, made before
+    any work (the flag would otherwise be accepted and silently ignored).
+
+    Parameters
+    ----------
+    cli
+        ``--fallback`` as given (``None``: not given).
+    link
+        The link in use (:func:`testbed.core.config.link.link_name`); ``None``: not known
+        in this process (an edge without ``--hw`` takes its radio from the aggregator's run).
+
+    Raises
+    ------
+    ConfigError
+        ``cli`` is ``emulate`` and ``link`` is not ``usrp``.
+    """
+    if cli != "emulate" or link == "usrp":
+        return
+    if link is None:
+        raise ConfigError(
+            "--fallback emulate: given without --hw, so this edge has no radio of its own to "
+            "emulate; allowed: only with link=usrp (add --hw naming a usrp hardware config, "
+            "or drop --fallback)"
+        )
+    raise ConfigError(
+        f"--fallback emulate: the link in use is {link!r}, which has no USRP to emulate; "
+        "allowed: only with link=usrp (drop --fallback, or choose a usrp hardware config)"
+    )
 
 
 def radios_of(

@@ -98,10 +98,30 @@ class DeviceUplink:
 
 
 def kept_coordinates(cfg: ExperimentConfig, d: int) -> int:
-    """``l``: ``max(1, floor(theta_s d))`` when the scheme sparsifies, else ``d``."""
+    """``l``: ``max(1, floor(theta_s d))`` when the scheme sparsifies, else ``d``.
+
+    The one place ``l`` is derived from ``compression.theta_s``, when the model's size
+    ``d`` is known: before any round or training (the uplinks of the aggregator, of every
+    edge, of a plan).
+
+    Raises
+    ------
+    ConfigError
+        ``theta_s * d < 1``: the ratio keeps fewer than one of the ``d`` coordinates (it
+        would silently send one); names the key, the value, ``d`` and the least allowed
+        value ``1/d``.
+    """
     if not SCHEMES[cfg.scheme].sparsify or not cfg.compression.sparsify:
         return d
-    return max(1, int(math.floor(cfg.compression.theta_s * d)))
+    theta_s = cfg.compression.theta_s
+    # a tolerance of 1e-9 lets theta_s = 1/d through whatever its rounding
+    if theta_s * d < 1 - 1e-9:
+        raise ConfigError(
+            f"config key 'compression.theta_s': got {theta_s!r}, which keeps "
+            f"{theta_s * d:.3g} of the model's d = {d} coordinates (fewer than one); "
+            f"allowed: theta_s >= 1/d = {1 / d!r} (or compression.sparsify: false)"
+        )
+    return max(1, int(math.floor(theta_s * d)))
 
 
 def quant_levels(cfg: ExperimentConfig) -> int | None:

@@ -16,7 +16,10 @@ certificate metadata. A client's claim about its own id is never trusted.
 Failure modes, by design:
 
 * A client whose key is not on the allow-list never completes the handshake (ZAP answers
-  400); none of its messages reaches the ROUTER, and it keeps retrying quietly.
+  400); none of its messages reaches the ROUTER. The server tells it so (CurveZMQ ERROR),
+  libzmq stops retrying, and :meth:`CurveClient.recv
+  <testbed.core.curve_client.CurveClient.recv>` raises
+  :class:`~testbed.core.curve_client.KeyRefusedError` (seen on a socket monitor).
 * A client holding a wrong server key fails the handshake the same way.
 * A frame longer than ``max_message_bytes`` makes libzmq drop the *connection* (the
   client reconnects; the frame and any sent with it are lost).

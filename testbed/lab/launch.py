@@ -132,7 +132,7 @@ def _wait_for_air(children: Children, timeout_s: float = 120.0) -> None:
 #: The aggregator's log lines a launch relays to its own stderr as they come: the rounds'
 #: progress lines and the devices joining, leaving and dropping out.
 RELAYED = re.compile(
-    r"testbed\.aggregator: (round \d+/\d+: |all \d+ devices joined"
+    r"testbed\.aggregator: (round \d+ \(\d+/\d+\): |all \d+ devices joined"
     r"|device \d+ (joined|rejoined|left|dropped out))"
 )
 
@@ -239,6 +239,9 @@ def launch(
     ------
     testbed.core.radio_fallback.FallbackRefused
         ``fallback`` emulate and only some of the USRPs found (before any process starts).
+    testbed.core.config.errors.ConfigError
+        A bad config, or ``fallback`` emulate off the ``usrp`` link (before anything is
+        created).
     """
     from testbed.core.config.loader import load_experiment
     from testbed.core.curve_keys import generate_keys
@@ -247,6 +250,13 @@ def launch(
         raise FileExistsError(f"--out '{out_dir}' exists and is not empty; choose another")
     cfg = load_experiment(config, [*overrides, f"devices={devices}",
                                    *([f"hw_config={hw_config}"] if hw_config else [])])
+    if fallback is not None:
+        from testbed.core.config.link import link_name
+        from testbed.core.config.loader import load_hardware
+        from testbed.core.radio_fallback import check_fallback_applies
+
+        check_fallback_applies(fallback, link_name(cfg, load_hardware(cfg.hw_config,
+                                                                      hw_overrides)))
     if cfg.scheme == "aircomp":
         from testbed.core.config.aircomp_checks import check_lab_aircomp
         from testbed.core.config.loader import load_hardware

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import NAME_PATTERN, ExperimentConfig
 from testbed.core.config.loader import validate
-from testbed.core.config.safe_yaml import read_yaml_mapping, short_repr
+from testbed.core.config.safe_yaml import read_yaml_mapping, short_repr, short_text
 
 #: Most values one grid key may take, and most cells in one sweep.
 MAX_VALUES_PER_KEY = 1000
@@ -189,7 +189,13 @@ class SweepSpec(BaseModel):
             check_config_key(key, "set")
 
 
-def parse_sweep(data: dict[str, Any], root: Path, default_name: str = "sweep") -> SweepSpec:
+#: What a sweep's ``grid`` looks like, for messages.
+GRID_EXAMPLE = "grid: {snr_db: [10, 20]}"
+
+
+def parse_sweep(
+    data: dict[str, Any], root: Path, default_name: str = "sweep", *, source: str = "the sweep"
+) -> SweepSpec:
     """Validate a sweep mapping; ``base`` is resolved against ``root`` and must exist.
 
     Parameters
@@ -200,8 +206,23 @@ def parse_sweep(data: dict[str, Any], root: Path, default_name: str = "sweep") -
         Folder that a relative ``base`` is taken from (the sweep file's folder).
     default_name
         ``name`` when the mapping has none.
+    source
+        What the mapping came from, for messages (``sweep file 'x.yaml'``).
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, the value and what is allowed; a mapping without ``grid`` is told
+        what one looks like (:data:`GRID_EXAMPLE`).
     """
     data = dict(data)
+    if "grid" not in data:
+        raise ConfigError(
+            f"{source} has no 'grid' section (keys given: "
+            f"{', '.join(sorted(map(str, data))) or 'none'}); allowed: a grid mapping each "
+            f"experiment config key to a list of values, every combination a cell, e.g. "
+            f"{GRID_EXAMPLE}"
+        )
     data.setdefault("name", default_name)
     spec = validate(SweepSpec, data, "sweep")
     spec.check_keys()
@@ -229,4 +250,5 @@ def load_sweep(path: str | Path) -> SweepSpec:
     data = read_yaml_mapping(p, "sweep file")
     stem = p.name.removesuffix(".yaml").removesuffix(".yml")
     default = stem if NAME_PATTERN.fullmatch(stem) else "sweep"
-    return parse_sweep(data, p.resolve().parent, default)
+    return parse_sweep(data, p.resolve().parent, default,
+                       source=f"sweep file '{short_text(str(p), 300)}'")

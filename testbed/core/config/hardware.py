@@ -32,7 +32,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
 from radio.virtual_device import VirtualArgs, is_virtual, split_args
@@ -40,6 +47,9 @@ from testbed.core.config.emulated import EmulatedRadios
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.virtual_air import VirtualAirSection
 
+#: Key of the validation context that names the file a hardware config was read from
+#: (:func:`testbed.core.config.loader.load_hardware` passes it; messages name the file).
+SOURCE_CONTEXT_KEY = "source"
 #: Largest device id a hardware config may name.
 MAX_DEVICE_ID = 65535
 #: UHD device-args keys that identify one USRP (two args sharing one of these values name
@@ -243,8 +253,9 @@ class HardwareConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _devices(self) -> HardwareConfig:
-        problems = device_entry_problems(self) + virtual_problems(self)
+    def _devices(self, info: ValidationInfo) -> HardwareConfig:
+        source = (info.context or {}).get(SOURCE_CONTEXT_KEY)
+        problems = device_entry_problems(self) + virtual_problems(self, source)
         if problems:
             raise ValueError("\nhardware config: ".join(problems))
         return self
@@ -268,17 +279,28 @@ def usrp_args(hw: HardwareConfig) -> list[tuple[str, str]]:
     ]
 
 
-def virtual_problems(hw: HardwareConfig) -> list[str]:
+def virtual_problems(hw: HardwareConfig, source: str | None = None) -> list[str]:
     """Cross-checks of virtual devices; one message per problem (empty: all fine).
 
     A config is all virtual or all real (the receiver decides); each virtual device's args
     parse (:class:`radio.virtual_device.VirtualArgs`); the receiver does not drift (the
-    air's timeline is its sample clock); each virtual transmitter has a
-    ``virtual_air.paths`` entry.
+    air's timeline is its sample clock); a virtual config has a ``virtual_air`` section and
+    each virtual transmitter a ``virtual_air.paths`` entry in it. ``source``: the file the
+    config was read from (named when the section is missing).
     """
     problems: list[str] = []
     keyed = usrp_args(hw)
     rx_virtual = is_virtual(hw.usrp.rx_args)
+    no_air = rx_virtual and "virtual_air" not in hw.model_fields_set
+    if no_air:
+        where = f"'{source}'" if source else "the hardware config"
+        problems.append(
+            f"virtual_air: section missing from {where}, whose radios are virtual "
+            f"(usrp.rx_args '{hw.usrp.rx_args}'); allowed: a virtual_air section holding "
+            "paths, one entry per virtual transmitter with its serial and attenuation_db or "
+            "distance_m, e.g. virtual_air: {paths: [{serial: tx0, attenuation_db: 116.0}]} "
+            "(hw_configs/virtual_lab.yaml, docs/virtual_lab.md)"
+        )
     for key, args in keyed:
         if is_virtual(args) != rx_virtual:
             what = "virtual" if is_virtual(args) else "a real USRP"
@@ -302,7 +324,7 @@ def virtual_problems(hw: HardwareConfig) -> list[str]:
                     f"usrp.rx_args: drift_ppm={va.drift_ppm}; allowed: 0 (the virtual air's "
                     "sample timeline is the receiver's clock; let the transmitters drift)"
                 )
-        elif hw.virtual_air.path(va.serial) is None:
+        elif not no_air and hw.virtual_air.path(va.serial) is None:
             listed = ", ".join(p.serial for p in hw.virtual_air.paths) or "none"
             problems.append(
                 f"{key}: serial={va.serial} has no virtual_air.paths entry (listed: {listed}); "

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
-from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.hardware import SOURCE_CONTEXT_KEY, HardwareConfig
 from testbed.core.config.safe_yaml import (
     dump_yaml_text,
     parse_yaml_text,
@@ -155,10 +155,17 @@ def _format_validation_error(exc: ValidationError, what: str) -> str:
     return "\n".join(lines)
 
 
-def validate(model: type[M], data: Mapping[str, Any], what: str = "config") -> M:
-    """Validate ``data`` into ``model``, raising :class:`ConfigError` with readable text."""
+def validate(
+    model: type[M], data: Mapping[str, Any], what: str = "config",
+    context: Mapping[str, Any] | None = None,
+) -> M:
+    """Validate ``data`` into ``model``, raising :class:`ConfigError` with readable text.
+
+    ``context``: pydantic's validation context, for validators that name more than a key
+    (e.g. the file, :data:`~testbed.core.config.hardware.SOURCE_CONTEXT_KEY`).
+    """
     try:
-        return model.model_validate(dict(data))
+        return model.model_validate(dict(data), context=None if context is None else dict(context))
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, what)) from None
 
@@ -265,7 +272,8 @@ def load_hardware(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Ha
     path = resolve_hw_config_path(str(name_or_path))
     data = apply_overrides(_read_nonempty(path, "hardware config file",
                                           "e.g. hw_configs/sim.yaml"), overrides, "--hw-set")
-    return validate(HardwareConfig, data, "hardware config")
+    return validate(HardwareConfig, data, "hardware config",
+                    context={SOURCE_CONTEXT_KEY: str(path)})
 
 
 def dump_yaml(model: BaseModel) -> str:

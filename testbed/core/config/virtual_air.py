@@ -15,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_ADDRESS = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
+from testbed.core.endpoints import endpoint_problem
+
 _SERIAL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -83,8 +84,10 @@ class VirtualAirSection(_Strict):
     @field_validator("burst_address", "stream_address")
     @classmethod
     def _address(cls, v: str) -> str:
-        if not _ADDRESS.match(v):
-            raise ValueError(f"got {v!r}; allowed: tcp://HOST:PORT")
+        # the loader's message already shows the value: the problem alone, once
+        problem = endpoint_problem(v, bind=False, tcp_only=True)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")

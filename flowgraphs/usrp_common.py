@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import re
 import signal
@@ -72,7 +73,8 @@ def virtual_problem(args: argparse.Namespace, *, receiver: bool) -> str:
     """Why ``--device-args`` / ``--air-address`` do not go together (empty: they do).
 
     Virtual device args need an air address of the form ``tcp://HOST:PORT``; a real device
-    takes none; a virtual receiver's clock may not drift.
+    takes none; a virtual receiver's clock may not drift; only a virtual receiver injects
+    gaps (``gaps=...``), each shorter than the stream between two.
     """
     virtual = is_virtual(args.device_args)
     if virtual and not args.air_address:
@@ -91,6 +93,8 @@ def virtual_problem(args: argparse.Namespace, *, receiver: bool) -> str:
         if receiver and vargs.drift_ppm != 0:
             return (f"--device-args: drift_ppm={vargs.drift_ppm:g} on a virtual receiver; "
                     "allowed: 0 (the air's sample timeline is the receiver's sample clock)")
+        if problem := vargs.gap_problem(args.samp_rate, receiver=receiver):
+            return f"--device-args: {problem}"
     return ""
 
 
@@ -282,8 +286,9 @@ def _event_code(value: pmt.pmt_t) -> int:
     return code
 
 
-def _time_s(value: pmt.pmt_t) -> float | None:
-    """A ``time_spec`` (pair or tuple of whole and fractional seconds) in s; None if none."""
+def split_time(value: pmt.pmt_t) -> tuple[int, float] | None:
+    """A time value (``rx_time`` tag: tuple of uint64 whole seconds and double fraction; a
+    ``time_spec`` pair) as (whole seconds, fraction); None if it is neither."""
     try:
         if pmt.is_tuple(value) and pmt.length(value) == 2:
             parts = pmt.tuple_ref(value, 0), pmt.tuple_ref(value, 1)
@@ -291,9 +296,17 @@ def _time_s(value: pmt.pmt_t) -> float | None:
             parts = pmt.car(value), pmt.cdr(value)
         else:
             return None
-        return float(pmt.to_python(parts[0])) + float(pmt.to_python(parts[1]))
+        whole, frac = float(pmt.to_python(parts[0])), float(pmt.to_python(parts[1]))
     except (TypeError, ValueError):
         return None
+    f = (whole - math.floor(whole)) + frac  # a fraction outside [0, 1) is carried
+    return int(math.floor(whole)) + math.floor(f), f - math.floor(f)
+
+
+def _time_s(value: pmt.pmt_t) -> float | None:
+    """A ``time_spec`` (pair or tuple of whole and fractional seconds) in s; None if none."""
+    parts = split_time(value)
+    return None if parts is None else parts[0] + parts[1]
 
 
 def decode_async(msg: pmt.pmt_t) -> tuple[int, float | None]:

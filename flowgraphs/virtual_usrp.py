@@ -15,7 +15,9 @@ UHD behaving, and talk only to the virtual air, over ZeroMQ (:mod:`radio.virtual
 * :class:`virtual_source` pulls the air's sample stream (receiver-antenna amplitude, one
   timeline of air sample indices), scales it by the receive gain and streams from the first
   sample at or after ``set_start_time``, tagging it with ``rx_time``, as a USRP does; a gap
-  in the air's indices is an overflow (a new ``rx_time`` tag after it).
+  in the air's indices is an overflow: the samples are missing from the stream and the
+  first after them carries a new ``rx_time`` tag, as gr-uhd's source does. Device args
+  ``gaps=N,gap_samples=K,gap_every_s=S`` inject such gaps (tests).
 
 Nothing here imports UHD; nothing leaves the host except the ZMQ sockets to the air, opened
 when the flowgraph starts (building one, ``--build-only``, opens none). Imported only by
@@ -473,10 +475,6 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
                 "discarded": self.discarded}
 
 
-#: Longest gap (samples) filled with zeros to keep sample count and device time in step.
-MAX_FILL = 1 << 24
-
-
 class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio block naming
     """Stands in for ``uhd.usrp_source``: the virtual air's stream in, one complex64 out.
 
@@ -487,8 +485,15 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
     after the start time (otherwise at the first sample received after the flowgraph
     started); that sample carries an ``rx_time`` tag (tuple uint64 secs, double frac) of
     its device time. A jump in the air's indices (samples lost: the air's or this block's
-    queue) is an overflow: it is counted (:attr:`overflows`) and the first sample after it
-    carries a new ``rx_time`` tag, as UHD does.
+    queue; the air's stream beginning after the start time) is an overflow, as on a USRP:
+    the samples are missing from the output, it is counted (:attr:`overflows`,
+    :attr:`lost_samples`) and the first sample after it carries a new ``rx_time`` tag.
+
+    Device args ``gaps=N`` (with ``gap_samples``, ``gap_every_s``, ``gap_timing``,
+    ``gap_seed``: :mod:`radio.virtual_device`) make N such gaps on purpose: after every
+    ``gap_every_s`` seconds of output (regular, or exponential intervals of that mean) the
+    next ``gap_samples`` air samples are dropped, counted as an overflow (and in
+    :attr:`injected_gaps`) and tagged after, for tests of the receiver's re-anchoring.
 
     Parameters
     ----------
@@ -527,10 +532,16 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
         self._fs = 0.0  # the air's rate
         self._next_index = 0  # air index expected next
         self._tag_pending = False
+        self._gap_rng = np.random.default_rng(self.vargs.gap_seed)
+        self._gaps_left = self.vargs.gaps
+        self._gap_at: int | None = None  # output item at which the next injected gap falls
+        self._skip = 0  # air samples still to drop for the gap being injected
         #: Gaps in the stream (samples lost), like UHD's overflows ('O').
         self.overflows = 0
         #: Samples lost in those gaps.
         self.lost_samples = 0
+        #: Gaps made on purpose (device args ``gaps``), included in :attr:`overflows`.
+        self.injected_gaps = 0
         #: Chunks the reader could not queue (``work`` too slow): lost, an overflow.
         self.queue_drops = 0
         #: Chunks refused (not decodable, or at another sample rate than the device's).
@@ -586,9 +597,32 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
             print(f"rx: virtual device {self.serial}: {why}; chunk dropped "
                   f"({self.bad_chunks} so far)", file=sys.stderr, flush=True)
 
+    def _next_gap(self, after: int) -> None:
+        """Place the next injected gap ``gap_every_s`` (or a random interval of that mean)
+        of output after output item ``after``; none when every gap has been made."""
+        if self._gaps_left <= 0:
+            self._gap_at = None
+            return
+        mean = self.vargs.gap_every_s * self._samp_rate
+        step = mean if self.vargs.gap_timing == "regular" else self._gap_rng.exponential(mean)
+        self._gap_at = after + max(1, round(step))
+
+    def _inject_gap(self) -> None:
+        """Start dropping ``gap_samples`` air samples: an overflow made on purpose."""
+        self._gaps_left -= 1
+        self._skip = self.vargs.gap_samples
+        self.overflows += 1
+        self.injected_gaps += 1
+        self.lost_samples += self._skip
+        print(f"rx: virtual device {self.serial}: injected gap {self.injected_gaps} of "
+              f"{self.vargs.gaps}: {self._skip} samples dropped at device time "
+              f"{self._device_time(self._chunk_index + self._pos):.6f} s", file=sys.stderr,
+              flush=True)
+
     def work(self, input_items: list[np.ndarray], output_items: list[np.ndarray]) -> int:
         out = output_items[0]
         produced = 0
+        written = self.nitems_written(0)
         while produced < len(out) and not self._stopping.is_set():
             if self._chunk is None or self._pos >= self._chunk.size:
                 self._chunk = None
@@ -599,13 +633,29 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
                     break
                 self._accept(header, x)
                 continue
+            if self._skip:  # an injected gap: drop the air's samples, tag the next one
+                k = min(self._skip, self._chunk.size - self._pos)
+                self._pos += k
+                self._next_index = max(self._next_index, self._chunk_index + self._pos)
+                self._skip -= k
+                if not self._skip:
+                    self._tag_pending = True
+                continue
+            if self._gap_at is not None and written + produced >= self._gap_at:
+                self._inject_gap()
+                self._next_gap(self._gap_at)
+                continue
             k = min(len(out) - produced, self._chunk.size - self._pos)
+            if self._gap_at is not None:
+                k = min(k, self._gap_at - written - produced)
             if self._tag_pending:
                 t_dev = self._device_time(self._chunk_index + self._pos)
                 if self.first_sample_time is None:
                     self.first_sample_time = t_dev
-                self.add_item_tag(0, self.nitems_written(0) + produced, _RX_TIME,
-                                  time_pmt(t_dev))
+                    self._next_gap(written + produced)
+                    if self._gap_at is not None:
+                        k = min(k, self._gap_at - written - produced)
+                self.add_item_tag(0, written + produced, _RX_TIME, time_pmt(t_dev))
                 self._tag_pending = False
             scale = math.sqrt(10 ** (self._gain / 10) / self.vargs.rx_full_scale_w)
             out[produced:produced + k] = self._chunk[self._pos:self._pos + k] * scale
@@ -637,17 +687,14 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
                 if index + x.size <= k0:
                     return  # all before the start
                 if k0 < index:
-                    # The air was not there yet: the device's samples of that time read
-                    # zero, so sample i of the stream stays at start time + i / fs.
-                    late = (index - k0) / fs
+                    # The air was not there yet: a gap at the start (the first sample's
+                    # rx_time tag says when the stream begins).
                     self.overflows += 1
                     self.lost_samples += index - k0
                     print(f"rx: virtual device {self.serial}: the air's stream begins "
-                          f"{late:.6f} s after the start time {self._start_time:.6f} s; "
-                          "zeros stand in", file=sys.stderr, flush=True)
-                    if index - k0 <= MAX_FILL:
-                        x = np.concatenate([np.zeros(index - k0, np.complex64), x])
-                        index = k0
+                          f"{(index - k0) / fs:.6f} s after the start time "
+                          f"{self._start_time:.6f} s; the stream starts there (rx_time)",
+                          file=sys.stderr, flush=True)
                 first = max(k0 - index, 0)
             self._streaming = True
             self._set_chunk(index, x, first)
@@ -658,20 +705,16 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
             print(f"rx: virtual device {self.serial}: the air's timeline restarted",
                   file=sys.stderr, flush=True)
         if index + x.size <= self._next_index:
-            return  # a repeat of samples already streamed
+            return  # a repeat of samples already streamed (or dropped in a gap)
         if index > self._next_index:
             lost = index - self._next_index
             self.overflows += 1
             self.lost_samples += lost
             print(f"rx: virtual device {self.serial}: overflow, {lost} samples missing at "
-                  f"device time {self._device_time(self._next_index):.6f} s"
-                  + ("; zeros stand in" if lost <= MAX_FILL else "; the stream is retagged"),
-                  file=sys.stderr, flush=True)
-            if lost > MAX_FILL:  # too long to fill: the sample count no longer maps to time
-                self._set_chunk(index, x, 0)
-                return
-            x = np.concatenate([np.zeros(lost, np.complex64), x])
-            index = self._next_index
+                  f"device time {self._device_time(self._next_index):.6f} s; the stream is "
+                  "retagged (rx_time)", file=sys.stderr, flush=True)
+            self._set_chunk(index, x, 0)
+            return
         self._set_chunk(index, x, self._next_index - index, retag=False)
 
     def _set_chunk(self, index: int, x: np.ndarray, first: int, retag: bool = True) -> None:
@@ -681,6 +724,8 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
             self._tag_pending = True
 
     def counters(self) -> dict[str, int]:
-        """``overflows``, ``lost_samples``, ``queue_drops``, ``bad_chunks``."""
+        """``overflows``, ``lost_samples``, ``injected_gaps``, ``queue_drops``,
+        ``bad_chunks``."""
         return {"overflows": self.overflows, "lost_samples": self.lost_samples,
-                "queue_drops": self.queue_drops, "bad_chunks": self.bad_chunks}
+                "injected_gaps": self.injected_gaps, "queue_drops": self.queue_drops,
+                "bad_chunks": self.bad_chunks}

@@ -144,6 +144,42 @@ class LinkError(RuntimeError):
     """
 
 
+class ReceiverGap(LinkError):
+    """A capture window overlaps a gap in the receiver's stream (samples lost: an overflow).
+
+    Only the windows that overlap the gap are lost; the stream goes on, re-anchored at the
+    USRP time of the first sample after the gap (its ``rx_time`` tag), so later windows are
+    read as before. Never a :class:`LinkFailed`.
+
+    Attributes
+    ----------
+    gap_start_s, gap_end_s
+        USRP times (s) of the first missing sample and of the first sample after the gap
+        (``gap_end_s - gap_start_s`` seconds lost; ``nan`` where not known).
+    window_start_s, window_end_s
+        The window asked for (USRP time, s).
+    """
+
+    def __init__(self, message: str, *, gap_start_s: float = float("nan"),
+                 gap_end_s: float = float("nan"), window_start_s: float = float("nan"),
+                 window_end_s: float = float("nan")) -> None:
+        super().__init__(message)
+        self.gap_start_s = gap_start_s
+        self.gap_end_s = gap_end_s
+        self.window_start_s = window_start_s
+        self.window_end_s = window_end_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled with its attributes (the default passes only the message).
+        return (type(self), (str(self),), dict(self.__dict__))
+
+    def reworded(self, message: str) -> ReceiverGap:
+        """The same gap under a new message (a caller that names its round)."""
+        return type(self)(message, gap_start_s=self.gap_start_s, gap_end_s=self.gap_end_s,
+                          window_start_s=self.window_start_s,
+                          window_end_s=self.window_end_s)
+
+
 class LinkFailed(LinkError):
     """The link itself is dead: no further upload over it can succeed.
 

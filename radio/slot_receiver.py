@@ -23,7 +23,7 @@ from radio.edge_radio import Probe, RadioUnavailable, require_usrp, usrp_minus_h
 from radio.flowgraph_process import FlowgraphError
 from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams, device_waveform
-from radio.link import LinkError, LinkFailed, Reception
+from radio.link import LinkError, LinkFailed, ReceiverGap, Reception
 from radio.modem import frame_samples
 from radio.preamble_search import find_preambles
 from radio.tdma import Slot, schedule_window
@@ -153,12 +153,25 @@ class SlotReceiver:
         ------
         ValueError
             The schedule spans more than the ring holds.
+        ReceiverGap
+            A device's window overlaps a gap in the receiver's stream (an overflow; the
+            first such window's). :meth:`receive_all` loses only those windows.
         LinkError
             The capture is not held (the schedule lies too far in the past, or before the
             stream started).
         LinkFailed
-            The receiver died, stalled or dropped samples.
+            The receiver died or stalled.
         """
+        capture, bounds, lost = self._capture(slots, round_index, timeout_s)
+        if lost:
+            raise lost[min(lost)]
+        return capture, bounds
+
+    def _capture(
+        self, slots: Sequence[Slot], round_index: int, timeout_s: float
+    ) -> tuple[np.ndarray, dict[int, tuple[int, int]], dict[int, ReceiverGap]]:
+        """:meth:`capture`, and the windows a gap in the stream took: ``{device: gap}``
+        (their samples read zero in the capture)."""
         where = f"aggregator receiver, round {round_index}"
         stream = self._stream()
         fs = self.radio.sample_rate_hz
@@ -179,16 +192,33 @@ class SlotReceiver:
             raise LinkError(f"{where}: schedule starts at USRP time {w0 + shift:.3f} s, before "
                             f"the receiver's stream ({stream.start_time:.3f} s)")
         n = int(math.ceil((w1 - w0) * fs))
+        bounds = {s.device: (int(round((s.window_start_s - w0) * fs)),
+                             min(int(round((s.window_end_s - w0) * fs)), n)) for s in slots}
         wait = max(0.0, w1 + shift - usrp_now) + timeout_s
+        lost: dict[int, ReceiverGap] = {}
         try:
-            capture = stream.read_at(w0 + shift, n, wait)
+            try:
+                capture = stream.read_at(w0 + shift, n, wait)
+            except ReceiverGap:
+                # A gap in the stream (an overflow) inside the schedule: each window on its
+                # own; those that overlap the gap are lost, the others read as ever.
+                capture = np.zeros(n, dtype=np.complex64)
+                for device in sorted(bounds):
+                    i0, i1 = bounds[device]
+                    if i1 <= i0:
+                        continue
+                    try:
+                        capture[i0:i1] = stream.read_at(w0 + shift + i0 / fs, i1 - i0,
+                                                        wait)
+                    except ReceiverGap as gap:
+                        lost[device] = gap.reworded(
+                            f"usrp link (lab): device {device}, round {round_index}: frame "
+                            f"lost: {gap}")
         except LinkFailed as exc:
             raise LinkFailed(f"{where} failed: {exc}") from exc
         except LinkError as exc:
             raise LinkError(f"{where}: capture lost: {exc}") from exc
-        bounds = {s.device: (int(round((s.window_start_s - w0) * fs)),
-                             min(int(round((s.window_end_s - w0) * fs)), n)) for s in slots}
-        return capture, bounds
+        return capture, bounds, lost
 
     def decode(
         self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
@@ -229,7 +259,7 @@ class SlotReceiver:
 
     def collisions(
         self, capture: np.ndarray, bounds: Mapping[int, tuple[int, int]],
-        n_payload: Mapping[int, int],
+        n_payload: Mapping[int, int], *, missing: Sequence[tuple[int, int]] = (),
     ) -> dict[int, int]:
         """The devices whose frame another device's frame overlaps: ``{device: other}``.
 
@@ -251,6 +281,10 @@ class SlotReceiver:
             Each device's window in ``capture``, ``{device: (first, end)}``.
         n_payload
             Each device's payload symbols (its frame's length).
+        missing
+            Ranges ``(first, end)`` of ``capture`` that hold no samples (windows lost in a
+            gap of the stream, read as zeros): a frame found overlapping one is ignored
+            (the search's normalised correlation peaks falsely at the edge of zeros).
         """
         root_of = {d: device_waveform(self.waveform, d).zc_root for d in bounds}
         found = find_preambles(capture, self.waveform, set(root_of.values()))
@@ -259,7 +293,9 @@ class SlotReceiver:
         length = {root: max(frame_samples(self.waveform, n_payload[d])
                             for d in root_of if root_of[d] == root)
                   for root in set(root_of.values())}
-        bursts = [(f.root, f.start + edge, f.start + length[f.root] - edge) for f in found]
+        bursts = [(f.root, f.start + edge, f.start + length[f.root] - edge) for f in found
+                  if not any(f.start < hi and lo < f.start + length[f.root]
+                             for lo, hi in missing)]
         out: dict[int, int] = {}
         for device, (i0, i1) in bounds.items():
             own = root_of[device]
@@ -275,7 +311,8 @@ class SlotReceiver:
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0
     ) -> dict[int, Reception | LinkError]:
         """:meth:`capture`, :meth:`collisions`, then :meth:`decode` per device; a lost frame
-        (a collision included) is its LinkError.
+        (a collision, a window over a gap in the stream: :class:`~radio.link.ReceiverGap`)
+        is its LinkError.
 
         Each reception's ``info`` also holds ``slot_start_s`` (when the burst was due,
         schedule time base) and ``timing_error_s``: where the frame was found in its window
@@ -284,9 +321,15 @@ class SlotReceiver:
         out: dict[int, Reception | LinkError] = {}
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
-        capture, bounds = self.capture(slots, round_index=round_index)
-        collided = self.collisions(capture, bounds, n_payload)
+        capture, bounds, lost = self._capture(slots, round_index, 5.0)
+        collided = self.collisions(capture, bounds, n_payload,
+                                   missing=[bounds[d] for d in lost])
         for device, (i0, i1) in bounds.items():
+            if device in lost:
+                # Its window overlaps a gap in the receiver's stream (an overflow): its
+                # samples are not all there; the stream goes on for the others.
+                out[device] = lost[device]
+                continue
             if device in collided:
                 # Its frame overlaps another's: what the pilots would call noise is partly
                 # the other device's signal, and the decoded values are a mixture.

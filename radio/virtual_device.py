@@ -31,6 +31,23 @@ Keys of a virtual device's args (all but ``type`` and ``serial`` optional):
     The gain range and step: a requested gain is clipped and rounded to it, and read back
     as applied (a WBX: 0 .. 31.5 dB in 0.5 dB).
 
+Receiver only, for tests (injected overflows: docs/virtual_lab.md):
+
+``gaps``
+    How many gaps the receiver makes in its stream (an integer >= 0; default 0: none).
+    Each drops ``gap_samples`` of the air's samples, is counted as an overflow, and the
+    first sample after it carries a new ``rx_time`` tag, as a USRP's overflow does.
+``gap_samples``
+    Samples dropped per gap (an integer >= 1; default 1000).
+``gap_every_s``
+    Seconds of stream between gaps (> 0; default 1.0): the first gap ``gap_every_s`` after
+    the stream's first sample, then every ``gap_every_s`` of samples delivered.
+``gap_timing``
+    ``regular`` (default: exactly every ``gap_every_s``) or ``random`` (exponential
+    intervals of mean ``gap_every_s``: gaps at random times).
+``gap_seed``
+    Seed of the random gap times (an integer >= 0; default: fresh from the OS).
+
 Time base: "true time" is the host's UNIX clock (:func:`time.time`) of the process the
 device runs in; on one machine every virtual device and the air share it. PPS edges (with a
 time source ``external``/``gpsdo``/``mimo``) fall on whole true seconds, seen by every
@@ -50,7 +67,15 @@ from dataclasses import dataclass
 VIRTUAL_KEYS = (
     "type", "serial", "clock_offset_s", "drift_ppm", "full_scale_w", "max_power_w",
     "min_gain_db", "max_gain_db", "gain_step_db",
+    "gaps", "gap_samples", "gap_every_s", "gap_timing", "gap_seed",
 )
+#: Keys of a virtual receiver's injected gaps (a transmitter refuses them).
+GAP_KEYS = ("gaps", "gap_samples", "gap_every_s", "gap_timing", "gap_seed")
+#: Allowed ``gap_timing`` values.
+GAP_TIMINGS = ("regular", "random")
+#: Most gaps, and most samples per gap, a receiver injects.
+MAX_GAPS = 1_000_000
+MAX_GAP_SAMPLES = 100_000_000
 _SERIAL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: Largest clock drift accepted (ppm): far beyond any crystal, to catch unit mistakes.
 MAX_DRIFT_PPM = 1000.0
@@ -93,6 +118,11 @@ class VirtualArgs:
     min_gain_db: float = 0.0
     max_gain_db: float = 31.5
     gain_step_db: float = 0.5
+    gaps: int = 0
+    gap_samples: int = 1000
+    gap_every_s: float = 1.0
+    gap_timing: str = "regular"
+    gap_seed: int | None = None
 
     @classmethod
     def parse(cls, args: str) -> VirtualArgs:
@@ -134,6 +164,22 @@ class VirtualArgs:
                                  f"{rel} {lo:g} and <= {hi:g}")
             return v
 
+        def count(key: str, default: int, lo: int, hi: int) -> int:
+            if key not in kv:
+                return default
+            try:
+                v = int(kv[key])
+            except ValueError:
+                v = lo - 1
+            if not lo <= v <= hi:
+                raise ValueError(f"device args '{args}': {key}={kv[key]}; allowed: an integer "
+                                 f">= {lo} and <= {hi}")
+            return v
+
+        timing = kv.get("gap_timing", "regular").lower()
+        if timing not in GAP_TIMINGS:
+            raise ValueError(f"device args '{args}': gap_timing={kv['gap_timing']}; allowed: "
+                             f"{', '.join(GAP_TIMINGS)}")
         out = cls(
             serial=serial,
             clock_offset_s=num("clock_offset_s", 0.0, -1e10, 1e10),
@@ -144,11 +190,29 @@ class VirtualArgs:
             min_gain_db=num("min_gain_db", 0.0, -100.0, 200.0),
             max_gain_db=num("max_gain_db", 31.5, -100.0, 200.0),
             gain_step_db=num("gain_step_db", 0.5, 0.0, 10.0),
+            gaps=count("gaps", 0, 0, MAX_GAPS),
+            gap_samples=count("gap_samples", 1000, 1, MAX_GAP_SAMPLES),
+            gap_every_s=num("gap_every_s", 1.0, 0.0, 1e6, strict_lo=True),
+            gap_timing=timing,
+            gap_seed=count("gap_seed", 0, 0, 2**63 - 1) if "gap_seed" in kv else None,
         )
         if out.max_gain_db < out.min_gain_db:
             raise ValueError(f"device args '{args}': max_gain_db={out.max_gain_db} is below "
                              f"min_gain_db={out.min_gain_db}")
         return out
+
+    def gap_problem(self, sample_rate_hz: float, *, receiver: bool) -> str:
+        """Why the gap keys do not suit this device (empty: they do): only a receiver
+        injects gaps, and a gap must be shorter than the stream between two."""
+        given = [k for k in GAP_KEYS if getattr(self, k) != getattr(VirtualArgs, k)]
+        if not receiver and given:
+            return (f"{', '.join(given)} on a transmitter (serial={self.serial}); allowed only "
+                    "in a virtual receiver's args (usrp.rx_args)")
+        if receiver and self.gaps and self.gap_every_s * sample_rate_hz <= self.gap_samples:
+            return (f"gap_every_s={self.gap_every_s:g} is {self.gap_every_s * sample_rate_hz:.0f} "
+                    f"samples at {sample_rate_hz:g} S/s; allowed: more than "
+                    f"gap_samples={self.gap_samples}")
+        return ""
 
     @property
     def tx_full_scale_w(self) -> float:

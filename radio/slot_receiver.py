@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -322,9 +323,27 @@ class SlotReceiver:
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
         capture, bounds, lost = self._capture(slots, round_index, 5.0)
-        collided = self.collisions(capture, bounds, n_payload,
-                                   missing=[bounds[d] for d in lost])
-        for device, (i0, i1) in bounds.items():
+        # The collision search over the whole capture runs in a thread beside the windows'
+        # decoding (both are mostly numpy and FFTs, which release the interpreter's lock):
+        # the round waits for the longer of the two instead of their sum. A window whose
+        # frame collided is decoded for nothing and its result dropped.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collisions") as pool:
+            search = pool.submit(self.collisions, capture, bounds, n_payload,
+                                 missing=[bounds[d] for d in lost])
+            decoded: dict[int, Reception | LinkError] = {}
+            for device, (i0, i1) in bounds.items():
+                if device in lost:
+                    continue
+                window = capture[i0:i1].astype(np.complex128)
+                try:
+                    decoded[device] = self.decode(window, n_payload[device], device=device,
+                                                  round_index=round_index)
+                except LinkFailed:
+                    raise
+                except LinkError as exc:
+                    decoded[device] = exc
+            collided = search.result()
+        for device in bounds:
             if device in lost:
                 # Its window overlaps a gap in the receiver's stream (an overflow): its
                 # samples are not all there; the stream goes on for the others.
@@ -338,14 +357,9 @@ class SlotReceiver:
                     f"collision: device {collided[device]}'s frame overlaps device {device}'s"
                 )
                 continue
-            window = capture[i0:i1].astype(np.complex128)
-            try:
-                rec = self.decode(window, n_payload[device], device=device,
-                                  round_index=round_index)
-            except LinkFailed:
-                raise
-            except LinkError as exc:
-                out[device] = exc
+            rec = decoded[device]
+            if isinstance(rec, LinkError):
+                out[device] = rec
                 continue
             slot = by_device[device]
             # The frame should start one guard into its window: the rest is timing error.

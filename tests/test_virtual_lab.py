@@ -264,7 +264,7 @@ def test_radio_loopback_through_a_private_virtual_air() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "testbed", "radio", "loopback", "--hw",
          str(ROOT / "hw_configs" / "virtual_lab.yaml"), "--link", "usrp", "--trials", "2",
-         "--n-symbols", "2000", "--snr-db", "20", "--json"],
+         "--n-symbols", "2000", "--json"],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-2000:]

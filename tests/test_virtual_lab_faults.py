@@ -429,3 +429,50 @@ def test_an_edge_whose_transmitter_died_is_neither_asked_nor_charged(tmp_path: P
     finally:
         procs.close()
     _no_process_left(tmp_path, hw)
+
+
+@pytest.mark.slow  # reason: 30 virtual-lab rounds (about 2 minutes on 2 cores)
+def test_twenty_receiver_gaps_cost_the_uploads_they_hit_not_the_run(tmp_path: Path) -> None:
+    """The receiver's stream loses 1 s of samples 20 times (every 3.2 s of stream) during a
+    30-round run: the run completes; each upload whose window a gap took is lost, charged
+    once with no channel credit, and says so; every other upload is credited; both ledgers
+    agree."""
+    require_gnuradio()
+    rounds = 30
+
+    def gaps(data: dict[str, Any]) -> None:
+        data["usrp"]["rx_args"] += ",gaps=20,gap_samples=1000000,gap_every_s=3.2"
+        data["usrp"]["receiver_down_rounds"] = 10  # a 1 s gap may take a whole round
+
+    hw_path = tmp_path / "virtual_lab.yaml"
+    data = load_hardware(str(ROOT / "hw_configs" / "virtual_lab.yaml")).model_dump(mode="json")
+    gaps(data)
+    from testbed.core.config.safe_yaml import dump_yaml_text
+    hw_path.write_text(dump_yaml_text(data))
+    keys, endpoint, procs = new_lab(tmp_path, DEVICES)
+    hw, _ = _resolved_hw(tmp_path, str(hw_path), [])
+    run = tmp_path / "agg"
+    try:
+        air = _start_air(procs, hw, tmp_path)
+        agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, rounds, 20.0))
+        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)))
+                 for i in range(DEVICES)]
+        assert agg.wait(1200) == 0, procs.log("agg")[-5000:]
+        for i, p in enumerate(edges):
+            assert p.wait(120) == 0, procs.log(f"edge-{i}")[-3000:]
+        assert air.poll() is None
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["rounds_completed"] == rounds
+        metrics = _lines(run / "metrics.jsonl")
+        hit = {(d["device"], m["round"]) for m in metrics for d in m["devices"]
+               if d.get("lost") and "a gap in the stream" in d.get("error", "")}
+        assert hit, "no upload's window met a gap: the test checked nothing"
+        charges = _charges(run / "ledger.jsonl")
+        assert charges == {(i, t): 1 for i in range(DEVICES) for t in range(rounds)}, charges
+        for e in ledger_by_nonce(run / "ledger.jsonl").values():
+            assert _credited(e) is ((e["device"], e["round"]) not in hit), e
+        assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(DEVICES)})
+        print(f"{len(hit)} uploads lost to gaps: {sorted(hit)}")
+    finally:
+        procs.close()
+    _no_process_left(tmp_path, hw)

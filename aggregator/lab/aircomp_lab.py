@@ -66,9 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("testbed.aggregator")
 
-#: Time (s) from sending the ``pilot`` requests to the first pilot slot (no training: the
-#: messages and the transmitters' lead only).
-PILOT_ALLOWANCE_S = 1.5
 
 
 def _serve_until(remote: RemoteDevices, t: int, end_s: float, stop: StopSignals,
@@ -117,8 +114,10 @@ class LabPilots(PilotSlot):
         if order:
             # not before the receiver's stream starts (a shared PPS: on a whole second)
             stream = receiver.stream
-            allowance = PILOT_ALLOWANCE_S if stream is None else max(
-                PILOT_ALLOWANCE_S, stream.start_time + 0.5 - receiver.now_s())
+            # no training before a pilot: the messages and the transmitters' lead only
+            # (the slot lead of a paced round)
+            allowance = capture.slot_lead_s if stream is None else max(
+                capture.slot_lead_s, stream.start_time + 0.5 - receiver.now_s())
             slots = capture.schedule(t, order, {i: PILOT_SYMBOLS for i in order}, allowance)
             for i in order:
                 remote.plane.send(i, "pilot", {"round": t, "tx_time_s": slots[i].start_s,

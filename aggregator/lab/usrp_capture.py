@@ -31,7 +31,7 @@ from aggregator.lab.usrp_split import (
 )
 from aggregator.state import RunState
 from radio.analog import n_symbols_for
-from radio.link import LinkError, LinkFailed, Reception
+from radio.link import LinkError, LinkFailed, ReceiverGap, Reception
 from radio.tdma import Slot, schedule_window
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
@@ -76,6 +76,8 @@ class SlotCapture:
         self.timing_uncertainty_s: dict[int, float] = {}
         #: Seconds from the ``slot`` messages to the first slot of a paced round.
         self.slot_lead_s = slot_lead_s(state.hw)
+        #: Rounds in a row whose every captured window a gap in the stream took.
+        self.gap_rounds = 0
 
     def paced_deadline_s(self) -> float:
         """A paced round's ``deadline_s`` (s): the train allowance plus the slot's lead,
@@ -173,13 +175,32 @@ class SlotCapture:
                 return {}, None
             n_payload = {s.device: self.n_payload(s.device) for s in on_air}
             fault_point("lab_before_capture")  # the bursts are on the air, none read yet
-            return timer.timed("capture", lambda: split.receive(on_air, n_payload,
-                                                                round_index=t)), None
+            got = timer.timed("capture", lambda: split.receive(on_air, n_payload,
+                                                               round_index=t))
+            return got, self.receiver_down(t, got)
         except LinkFailed as exc:
             lost = LinkError(f"usrp link (lab): round {t}: no capture: {exc}")
             return {i: lost for i in slots}, exc
         except LinkError as exc:  # the capture is not held: every window of it is lost
             return {i: exc for i in slots}, None
+
+    def receiver_down(self, t: int, got: dict[int, Reception | LinkError]
+                      ) -> LinkFailed | None:
+        """Count round ``t`` among the rounds in a row whose every window a gap in the
+        receiver's stream took (:class:`~radio.link.ReceiverGap`); the run's
+        :class:`LinkFailed` once ``usrp.receiver_down_rounds`` are (``None`` until then:
+        a gap costs only the uploads it hit)."""
+        if got and all(isinstance(r, ReceiverGap) for r in got.values()):
+            self.gap_rounds += 1
+        else:
+            self.gap_rounds = 0
+        limit = self.state.hw.usrp.receiver_down_rounds
+        if self.gap_rounds < limit:
+            return None
+        last = next(iter(got.values()))
+        return LinkFailed(f"usrp link (lab): the receiver lost every window of {limit} "
+                          f"rounds in a row (usrp.receiver_down_rounds), the last at round "
+                          f"{t}: {last}")
 
     def await_ready(self, t: int, nonces: dict[int, str], stop: StopSignals
                     ) -> tuple[list[int], dict[int, Message]]:

@@ -51,7 +51,7 @@ MAX_TRAIN_ALLOWANCE_S = 25.0
 #: Time (s) from sending the ``slot`` messages to the first slot, beyond the hardware
 #: config's ``usrp.burst_lead_s``: the message's delivery and an edge's clock exchanges
 #: (without a shared reference it measures its offset before every burst).
-SLOT_MESSAGE_ALLOWANCE_S = 0.25
+SLOT_MESSAGE_ALLOWANCE_S = 0.1
 
 
 def slot_lead_s(hw: HardwareConfig) -> float:

@@ -46,8 +46,9 @@ def register(sub: Any) -> None:
             "upload in its slot (on the usrp link: a timed burst on this device's own USRP, "
             "--hw). The device keeps its own ledger in --state-dir and refuses "
             "any upload past its own target (--max-epsilon, default the run's). Exit 0 when "
-            "the aggregator ends the run (or had ended it when this edge joined); 2 on bad "
-            "input, a missing radio, a transmitter that died, or no answer at all."
+            "the aggregator ends the run (or had ended it when this edge joined); 5 when its "
+            "USRP is not found (link failed); 2 on bad input, a transmitter that died, or no "
+            "answer at all."
         ),
     )
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT")
@@ -78,8 +79,38 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
 
+def torch_missing_message(exc: ModuleNotFoundError) -> str | None:
+    """The one-line error of an edge whose interpreter has no PyTorch, or ``None`` when
+    ``exc`` is about another module.
+
+    Parameters
+    ----------
+    exc
+        What importing the edge's code raised.
+
+    Returns
+    -------
+    str or None
+        What is missing, and how an edge is installed around a PyTorch (docs/lab.md, "An
+        edge on a Jetson").
+    """
+    if (exc.name or "").split(".")[0] != "torch":
+        return None
+    return (f"PyTorch is not installed in {sys.executable} (an edge trains with it); install "
+            "it first (on a Jetson: NVIDIA's PyTorch wheel for your JetPack, see docs/lab.md "
+            "'An edge on a Jetson'; on a PC: pip install 'torch>=2.3'), then the testbed "
+            f"around it: make edge PY={sys.executable} (scripts/install_edge.py)")
+
+
 def _run(args: argparse.Namespace) -> int:
-    from edge_device.lab.agent import EdgeAgent
+    try:  # the edge trains: without torch, say so before anything else happens
+        from edge_device.lab.agent import EdgeAgent
+    except ModuleNotFoundError as exc:
+        message = torch_missing_message(exc)
+        if message is None:
+            raise
+        print(f"testbed edge: error: {message}", file=sys.stderr)
+        return 2
     from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
     from testbed.core.curve_client import KeyRefusedError
@@ -112,8 +143,9 @@ def _run(args: argparse.Namespace) -> int:
                     radios_of(hw, "edge", device=args.device_id) if hw.link == "usrp" else [])
                 check_edge_radio(hw, args.device_id)
             except (RadioUnavailable, FallbackRefused) as exc:
-                print(f"testbed edge: error: {exc}", file=sys.stderr)
-                return 2
+                # link failed (README "Outcomes"), as `testbed run` without its USRPs
+                print(f"testbed edge: link failed: {exc}", file=sys.stderr)
+                return 5
         state = args.state_dir or Path("edge-state") / f"device-{args.device_id}"
         check_endpoint(args.connect, "--connect", bind=False)
         check_state_dir(state)

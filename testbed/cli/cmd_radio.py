@@ -304,7 +304,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``testbed radio`` and its subcommands."""
-    from testbed.cli.cmd_radio_loopback import MAX_LOOPBACK_TRIALS, cmd_loopback
+    from testbed.cli.cmd_radio_loopback import MAX_LOOPBACK_TRIALS, SNR_DB_HELP, cmd_loopback
 
     radio = subparsers.add_parser("radio", help="find radios, check hw configs, test links",
                                   description=__doc__)
@@ -337,8 +337,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     lb = sub.add_parser("loopback", help="send a known payload over a link")
     lb.add_argument("--link", required=True, choices=("symbol", "waveform", "gnuradio", "usrp"))
-    lb.add_argument("--snr-db", type=float, default=None,
-                    help="symbol SNR (dB); default: sweep the hw config's snr_sweep_db")
+    lb.add_argument("--snr-db", type=float, default=None, help=SNR_DB_HELP)
     lb.add_argument("--cfo-hz", type=float, default=0.0,
                     help="carrier frequency offset (Hz); links waveform and gnuradio only")
     lb.add_argument("--delay-samples", type=float, default=None,

@@ -103,6 +103,67 @@ def add_search_path(paths: Sequence[str]) -> None:
         sys.path.insert(0, p)
 
 
+def namespace_dirs(module: Any) -> list[str]:
+    """The directories of ``module`` when it is a namespace package (a directory without
+    ``__init__.py`` that Python imports as a package with no code); ``[]`` for a module or
+    a regular package."""
+    spec = getattr(module, "__spec__", None)
+    locations = getattr(spec, "submodule_search_locations", None)
+    if getattr(module, "__file__", None) is not None or locations is None:
+        return []
+    return list(dict.fromkeys(str(Path(d).resolve()) for d in locations))
+
+
+def namespace_shadow(name: str, module: Any, missing: str, attr: str) -> str:
+    """Why an import string that reached the namespace package ``module`` (imported as
+    ``name``) found nothing, and what to do.
+
+    Parameters
+    ----------
+    name
+        The dotted name the namespace package was imported as (``mylab``).
+    module
+        That namespace package.
+    missing
+        What was looked for in it and not found (a submodule or the attribute).
+    attr
+        The import string's attribute (after the ``:``), for the suggested fix.
+
+    Returns
+    -------
+    str
+        The folder that took the name of the module the user meant, and the ways out:
+        rename it, put the module's directory in ``extensions_path``, or name a file of the
+        folder through it (its ``.py`` files listed).
+    """
+    dirs = namespace_dirs(module)
+    files = sorted({f.stem for d in dirs for f in Path(d).glob("*.py")
+                    if f.stem.isidentifier() and f.stem != "__init__"})
+    inside = (f"; or, if the code is a file of that folder, name it through the folder, e.g. "
+              f"'{name}.{files[0]}:{attr}' (its .py files: {', '.join(files[:5])}"
+              f"{', ...' if len(files) > 5 else ''})" if files else "")
+    leaf = name.rsplit(".", 1)[-1]
+    return (f"{name!r} resolved to a namespace package at {' and '.join(dirs)} (a directory "
+            f"without __init__.py; it holds no {missing!r}): no module {leaf}.py or package "
+            f"with an __init__.py of that name is on this process's path (extensions_path, "
+            f"then sys.path), so the folder took the name of, and shadows, the module you "
+            f"meant. Rename the folder, or list the directory holding {leaf}.py in "
+            f"extensions_path (import strings take dotted module names, not file "
+            f"paths){inside}")
+
+
+def _deepest_namespace(module_name: str) -> tuple[str, Any]:
+    """The longest prefix of ``module_name`` imported as a namespace package, and that
+    package (``("", None)`` when there is none)."""
+    parts = module_name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:i])
+        module = sys.modules.get(prefix)
+        if module is not None and namespace_dirs(module):
+            return prefix, module
+    return "", None
+
+
 def resolve(key: str, spec: str, paths: Sequence[str] = ()) -> Any:
     """The object ``spec`` (``package.module:attr``) names, imported.
 
@@ -117,10 +178,25 @@ def resolve(key: str, spec: str, paths: Sequence[str] = ()) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's module is reported
-        top = sys.modules.get(module_name.split(".")[0])
+        top_name = module_name.split(".")[0]
+        top = sys.modules.get(top_name)
         found = getattr(top, "__file__", None) or list(getattr(top, "__path__", []))
-        shadow = (f" (package {module_name.split('.')[0]!r} was found at {found}: another "
-                  "package of that name may shadow yours)" if top is not None and found else "")
+        ns_name, ns = _deepest_namespace(module_name)
+        gone = exc.name or "" if isinstance(exc, ModuleNotFoundError) else ""
+        # Only a module of the string itself missing inside the folder, not a module that
+        # the user's own code imports.
+        if (ns is not None and gone.startswith(f"{ns_name}.")
+                and f"{module_name}.".startswith(f"{gone}.")):
+            missing = gone[len(ns_name) + 1:].split(".")[0]
+            raise ExtensionError(
+                f"{key}: {spec!r}: cannot import module {module_name!r}: "
+                f"{namespace_shadow(ns_name, ns, missing, attr)}"
+            ) from exc
+        if top is not None and found:
+            shadow = (f" (package {top_name!r} was found at {found}: another package of that "
+                      "name may shadow yours)")
+        else:
+            shadow = ""
         raise ExtensionError(
             f"{key}: {spec!r}: cannot import module {module_name!r} "
             f"({type(exc).__name__}: {exc}){shadow}. Every process of a run imports it: run the "
@@ -132,6 +208,10 @@ def resolve(key: str, spec: str, paths: Sequence[str] = ()) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            if namespace_dirs(module):
+                raise ExtensionError(
+                    f"{key}: {spec!r}: {namespace_shadow(module_name, module, part, attr)}"
+                ) from None
             raise ExtensionError(
                 f"{key}: {spec!r}: module {module_name!r} ({getattr(module, '__file__', '?')})"
                 f" has no attribute {attr!r}"

@@ -192,6 +192,11 @@ class UsrpSection(_Strict):
     time_source: Literal["internal", "external", "mimo", "gpsdo", "none"] = "internal"
     burst_lead_s: float = Field(0.05, gt=0, le=10, description="tx_time ahead of now (s)")
     capture_margin_s: float = Field(0.02, ge=0, le=10, description="RX capture margin (s)")
+    receiver_down_rounds: int = Field(
+        3, ge=1, le=1000,
+        description="lab split: rounds in a row whose every window a gap in the receiver's "
+                    "stream took before the run ends link_failed (one gap costs the uploads "
+                    "it hit, not the run)")
     fallback: Literal["none", "emulate"] = Field(
         "none",
         description="when UHD finds none of the configured USRPs: 'emulate' runs on virtual "

@@ -21,6 +21,7 @@ from testbed.core.compute import ResolvedDevice, check_workers, resolve_device
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import load_experiment, load_hardware
+from testbed.core.lab_checks import check_not_lab_run
 from testbed.core.links import check_link_config
 from testbed.core.privacy import LedgerError
 from testbed.core.recovery import check_config_pin, directory_is_pristine, resume_point
@@ -121,8 +122,11 @@ def resume_experiment(
     Raises
     ------
     RunDirError
-        When the run's files are missing or disagree (see :mod:`testbed.core.recovery`).
+        When the run's files are missing or disagree (see :mod:`testbed.core.recovery`), or
+        ``run_dir`` is a lab run's (before anything is opened; the line names the command
+        that continues it, :func:`testbed.core.lab_checks.check_not_lab_run`).
     """
+    check_not_lab_run(Path(run_dir))
     rundir = RunDir.open(Path(run_dir))
     try:
         cfg = load_experiment(rundir.path / "config.yaml")

@@ -63,7 +63,7 @@ def test_edges_with_their_own_shards_train_the_seeded_runs_model(
     relayed = shown.err.splitlines()
     assert relayed.count("aggregator: all 3 devices joined") == 1
     assert [ln.split(":")[1] for ln in relayed if ln.startswith("aggregator: round ")] == [
-        f" round {k}/3" for k in range(1, 4)]
+        f" round {k - 1} ({k}/3)" for k in range(1, 4)]
     assert shown.out.splitlines()[-1].startswith("run completed: 3/3 rounds, final test")
     last = json.loads((out / "aggregator" / "metrics.jsonl").read_text().splitlines()[-1])
     for dev in last["devices"]:

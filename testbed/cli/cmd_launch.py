@@ -31,15 +31,25 @@ def register(sub: Any) -> None:
             "Write fresh CurveZMQ keys, start `testbed aggregator` on a free loopback port and "
             "N `testbed edge` processes, wait for the run to end (the aggregator's progress "
             "lines and its devices' joins relayed to stderr; at the end the run's outcome "
-            "line). Ctrl-C stops them all. "
+            "line and its report). Ctrl-C stops them all; `--resume OUT` continues. "
+            "A process that ends before the run does stops the others within 5 s; its last "
+            "error line and log are printed. "
             "--out DIR holds aggregator/ (the run directory), edge-I/ (each device's ledger), "
-            "keys/ and logs/. Exit code: the aggregator's."
+            "keys/ and logs/. Exit code by outcome, as `testbed run`: 0 completed, 1 failed, "
+            "2 bad input, 3 budget exhausted, 4 diverged, 5 link failed (an edge that finds "
+            "no USRP included), 130 interrupted."
         ),
     )
     p.add_argument("config", nargs="?", help="experiment YAML (default: the shipped default)")
-    p.add_argument("--devices", type=_devices, required=True)
+    p.add_argument("--devices", type=_devices,
+                   help="how many edges (required, except with --resume)")
     p.add_argument("--out", action=PathOption,
                    help="output directory (default: runs/launch-<time>)")
+    p.add_argument("--resume", action=PathOption, metavar="OUT",
+                   help="continue the launch in OUT (an interrupted one): a fresh virtual air "
+                   "for virtual radios, `testbed aggregator --resume OUT/aggregator`, and the "
+                   "edges with their same keys and state directories; the timing options "
+                   "are this command's")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--hw", metavar="HW_CONFIG",
                    help="hardware config for every process (the aggregator, each edge; with "
@@ -65,29 +75,43 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.core.config.loader import load_experiment, load_hardware
+    from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
     from testbed.core.radio_fallback import FallbackRefused
-    from testbed.core.rundir import default_run_path
-    from testbed.lab.launch import launch
+    from testbed.core.rundir import RunDirError, default_run_path
+    from testbed.lab.launch import launch, resume_launch
 
-    # Validate here, before any process starts (the error names the key).
-    cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}",
-                                        *([f"hw_config={args.hw}"] if args.hw else [])])
-    load_hardware(cfg.hw_config, args.hw_overrides)
-    out = args.out or default_run_path("launch")
-    try:
-        code = launch(args.config, args.devices, out, overrides=args.overrides,
-                      hw_overrides=args.hw_overrides, hw_config=args.hw,
-                      round_timeout_s=args.round_timeout,
-                      join_timeout_s=args.join_timeout, train_allowance_s=args.train_allowance,
-                      phase_timeout_s=args.phase_timeout, fallback=args.fallback,
-                      progress=not args.no_progress)
-    except FallbackRefused as exc:
-        print(f"testbed launch: link failed: {exc}; nothing went on air", file=sys.stderr)
-        return 5
-    except (FileExistsError, TimeoutError, RuntimeError) as exc:
-        print(f"testbed launch: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"launch: aggregator exit {code}; run directory {out / 'aggregator'}, logs in "
-          f"{out / 'logs'}")
+    timing = {"round_timeout_s": args.round_timeout, "join_timeout_s": args.join_timeout,
+              "train_allowance_s": args.train_allowance,
+              "phase_timeout_s": args.phase_timeout, "progress": not args.no_progress}
+    if args.resume is not None:
+        if (args.config or args.devices is not None or args.overrides or args.hw
+                or args.hw_overrides or args.fallback or args.out):
+            raise ConfigError("--resume takes the launch's own config, devices and radios: "
+                              "drop CONFIG/--devices/--set/--hw/--hw-set/--fallback/--out")
+        out = args.resume
+        try:
+            code = resume_launch(out, **timing)
+        except (RunDirError, TimeoutError) as exc:
+            print(f"testbed launch: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        if args.devices is None:
+            raise ConfigError("--devices: required (how many edges to start), except with "
+                              "--resume OUT")
+        # Validate here, before any process starts (the error names the key).
+        cfg = load_experiment(args.config, [*args.overrides, f"devices={args.devices}",
+                                            *([f"hw_config={args.hw}"] if args.hw else [])])
+        load_hardware(cfg.hw_config, args.hw_overrides)
+        out = args.out or default_run_path("launch")
+        try:
+            code = launch(args.config, args.devices, out, overrides=args.overrides,
+                          hw_overrides=args.hw_overrides, hw_config=args.hw,
+                          fallback=args.fallback, **timing)
+        except FallbackRefused as exc:
+            print(f"testbed launch: link failed: {exc}; nothing went on air", file=sys.stderr)
+            return 5
+        except (FileExistsError, TimeoutError, RuntimeError) as exc:
+            print(f"testbed launch: error: {exc}", file=sys.stderr)
+            return 2
+    print(f"launch: exit {code}; run directory {out / 'aggregator'}, logs in {out / 'logs'}")
     return code

@@ -56,7 +56,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", action=PathOption,
                    help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--resume", action=PathOption, metavar="RUN_DIR",
-                   help="continue an interrupted run")
+                   help="continue an interrupted run (a lab run directory is refused: "
+                   "`testbed launch --resume` or `testbed aggregator --resume` continues it)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress: neither the bar (stderr a terminal) nor the plain "
                    "per-round lines (otherwise; every progress_every rounds)")

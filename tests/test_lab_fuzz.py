@@ -188,6 +188,7 @@ def test_edge_without_its_usrp_names_the_device_args(tmp_path: Path) -> None:
          "--state-dir", str(tmp_path / "s")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
-    assert out.returncode == 2
+    assert out.returncode == 5, out.stderr  # link failed: launch tells it from bad input
+    assert "link failed" in out.stderr
     assert "type=b200,serial=NOTHERE0" in out.stderr and "usrp.devices[0]" in out.stderr
     assert not (tmp_path / "s").exists()  # refused before anything was set up

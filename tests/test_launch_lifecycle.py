@@ -111,6 +111,7 @@ def test_launch_on_a_cuda_device_this_host_lacks_ends_with_the_aggregators_error
 # --- interrupted, then resumed -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # reason: a virtual-lab launch, interrupted and resumed (about 1 min)
 def test_launch_interrupted_after_a_round_resumes_to_the_end_with_ledgers_agreeing(
     tmp_path: Path,
 ) -> None:

@@ -348,6 +348,7 @@ def _aggregator_with(keys: Path, endpoint: str, run: Path, hw: Path, rounds: int
     return [*cmd, "--set", f"rounds={rounds}"]
 
 
+@pytest.mark.slow  # reason: 45 s; pacing runs by default in test_virtual_lab.py
 def test_a_device_not_ready_by_the_deadline_sits_the_round_out_uncharged(
     tmp_path: Path,
 ) -> None:

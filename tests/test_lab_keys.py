@@ -8,6 +8,7 @@ import errno
 import json
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,9 +52,17 @@ def stranger(tmp_path_factory: pytest.TempPathFactory) -> KeySet:
 
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context[Any]]:
+    """A context of the test's own; at the end every socket must have been closed: its
+    ``term()`` (which blocks until they are, and which no timeout can interrupt) runs in a
+    thread, and a context still open after 60 s fails the test and is destroyed, so that a
+    socket left open fails this test instead of hanging the whole run."""
     context: zmq.Context[Any] = zmq.Context()
     yield context
-    context.term()  # hangs (and the timeout fails the test) if a socket was left open
+    done = threading.Event()
+    threading.Thread(target=lambda: (context.term(), done.set()), daemon=True).start()
+    if not done.wait(60.0):
+        context.destroy(linger=0)
+        pytest.fail("a socket was left open: the context could not terminate in 60 s")
 
 
 # ------------------------------------------------------------------------------- key files

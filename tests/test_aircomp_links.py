@@ -231,3 +231,34 @@ def test_lost_pilots_lose_the_round_not_the_run(tmp_path: Path,
     assert lines[0]["uploads"] == lines[2]["uploads"] == N
     events = [e for e in _lines(out / "ledger.jsonl") if e.get("type") == "record-aircomp/v1"]
     assert sorted({e["round"] for e in events}) == [0, 2]
+
+
+def test_virtual_radios_calibrate_the_shares_at_the_weakest_budgeted_path() -> None:
+    """On virtual radios the noise shares are calibrated for the weakest path's link budget
+    (here 119 dB of attenuation: 17 dB), not the config's ``snr_db`` (20 dB): the shares
+    calibrated at 20 dB spent the 900-round job's budget 12 rounds early."""
+    from radio.link_budget import budget_snr_db
+    from testbed.core.config.aircomp_checks import aircomp_margin, weakest_snr_db
+    from testbed.core.config.hardware import virtual_budget_snr_db
+
+    hw_path = "hw_configs/virtual_lab_aircomp_10.yaml"
+    hw = load_hardware(hw_path)
+    cfg = load_experiment("testbed/config/aircomp-fedsgd.yaml",
+                          ["devices=10", f"hw_config={hw_path}", "link=usrp"])
+    assert cfg.snr_db_per_device() == [20.0] * 10
+    # device 3's path: 119 dB; 0.1 W of unit-power symbols at 200 kBd, 290 K, NF 5 dB
+    expected = budget_snr_db(0.1 * 10 ** (-119.0 / 10), 200e3, 290.0, 5.0)
+    assert virtual_budget_snr_db(hw, 3) == pytest.approx(expected)
+    assert 16.5 < expected < 17.5
+    assert weakest_snr_db(cfg, hw, "usrp") == pytest.approx(expected)
+    w = hw.waveform
+    kappa = noise_gain_lower(w.aircomp_timing_error_samples, w.samples_per_symbol, w.rolloff)
+    margin = aircomp_margin(cfg, hw)
+    assert margin == pytest.approx(alignment_margin(10 ** (expected / 10), cfg.n0_confidence(),
+                                                    kappa))
+    assert margin < alignment_margin(100.0, cfg.n0_confidence(), kappa)  # below 20 dB's
+    # off the usrp link the configured snr_db stands
+    symbol = load_experiment("testbed/config/aircomp-fedsgd.yaml",
+                             ["devices=10", f"hw_config={hw_path}", "link=waveform"])
+    assert weakest_snr_db(symbol, hw, "waveform") == 20.0
+    assert virtual_budget_snr_db(load_hardware("sim"), 0) is None

@@ -240,26 +240,12 @@ class SlotCapture:
         return sorted(ready), refused
 
     def budget_snr_db(self, i: int) -> float | None:
-        """The SNR (dB, ``Es/N0`` of unit-power symbols: what the receiver estimates from
-        the frame's pilots, ``snr_est_db``) device ``i``'s frames should arrive with through
-        the virtual air's link budget: its ``tx_power_ref_w`` through its path, against the
-        receiver's thermal noise, fading at its mean. ``None`` on real radios."""
-        hw = self.state.hw
-        if not hw.virtual:
-            return None
-        from radio.link_budget import budget_snr_db, path_gain
-        from radio.virtual_device import VirtualArgs
-        from testbed.core.config.hardware import device_radio
+        """The SNR (dB) device ``i``'s frames should arrive with through the virtual air's
+        link budget (:func:`testbed.core.config.hardware.virtual_budget_snr_db`); ``None``
+        on real radios."""
+        from testbed.core.config.hardware import virtual_budget_snr_db
 
-        radio = device_radio(hw, i)
-        path = hw.virtual_air.path(VirtualArgs.parse(radio.tx_args).serial)
-        if path is None:  # refused by the config's validation
-            return None
-        gain = path_gain(attenuation_db=path.attenuation_db, distance_m=path.distance_m,
-                         center_freq_hz=hw.center_freq_hz)
-        air = hw.virtual_air
-        return budget_snr_db(radio.tx_power_ref_w * gain, hw.symbol_rate_hz, air.temperature_k,
-                             air.noise_figure_db)
+        return virtual_budget_snr_db(self.state.hw, i)
 
     def burst_report(self, t: int, i: int, n: int, report: dict[str, Any]
                      ) -> tuple[float, float]:

@@ -114,17 +114,35 @@ def aircomp_margin(cfg: Any, hw: Any) -> float:
     """The ``others_margin`` the noise shares are calibrated with
     (:func:`testbed.core.privacy.aircomp_noise.share_sigma`): 1 on the symbol link (the
     paths are known), else what pilots at the weakest device's SNR are expected to credit
-    after the burst timing error (:func:`radio.aircomp_air.alignment_margin`). On radios the
-    configured ``snr_db`` stands for the pilots' expected SNR: set it to the bench's."""
+    after the burst timing error (:func:`radio.aircomp_air.alignment_margin`). On virtual
+    radios the weakest SNR is the virtual air's link budget
+    (:func:`testbed.core.config.hardware.virtual_budget_snr_db`); on real radios the
+    configured ``snr_db`` stands for the pilots' expected SNR: set it to the bench's. A margin
+    above what the pilots credit spends the budget before the planned rounds end."""
     from radio.aircomp_air import alignment_margin, noise_gain_lower
     from testbed.core.config.link import link_name
 
-    if link_name(cfg, hw) not in (*AIRCOMP_FRAME_LINKS, "usrp"):
+    name = link_name(cfg, hw)
+    if name not in (*AIRCOMP_FRAME_LINKS, "usrp"):
         return 1.0
     w = hw.waveform
     kappa = noise_gain_lower(w.aircomp_timing_error_samples, w.samples_per_symbol, w.rolloff)
-    snr = 10.0 ** (min(cfg.snr_db_per_device()) / 10.0)
+    snr = 10.0 ** (weakest_snr_db(cfg, hw, name) / 10.0)
     return alignment_margin(snr, cfg.n0_confidence(), kappa)
+
+
+def weakest_snr_db(cfg: Any, hw: Any, link: str) -> float:
+    """The weakest device's expected pilot SNR (dB, ``Es/N0`` of unit-power symbols) the
+    noise shares are calibrated for: on the ``usrp`` link over virtual radios, the virtual
+    air's link budget of each device's path; else the configured ``snr_db``."""
+    from testbed.core.config.hardware import virtual_budget_snr_db
+
+    if link == "usrp" and hw.virtual:
+        budgets = [virtual_budget_snr_db(hw, i) for i in range(cfg.devices)]
+        known = [b for b in budgets if b is not None]
+        if known:
+            return min(known)
+    return min(cfg.snr_db_per_device())
 
 
 def aircomp_colluding(cfg: Any) -> int:

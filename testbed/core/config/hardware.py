@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from radio.link_budget import budget_snr_db, path_gain
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
 from radio.virtual_device import VirtualArgs, is_virtual, split_args
 from testbed.core.config.emulated import EmulatedRadios
@@ -418,6 +419,31 @@ def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
         f"device {device}: hardware config '{hw.name}' has no usrp.devices entry for it "
         f"(configured device ids: {ids}); add one with its own tx_args"
     )
+
+
+def virtual_budget_snr_db(hw: HardwareConfig, device: int) -> float | None:
+    """The SNR (dB, ``Es/N0`` of unit-power symbols: what a receiver estimates from a
+    frame's pilots) device ``device``'s frames arrive with through the virtual air's link
+    budget: its ``tx_power_ref_w`` through its path, against the receiver's thermal noise,
+    fading at its mean. ``None`` on real radios, or when the virtual air has no path for the
+    device's serial (which the config's validation refuses).
+
+    Raises
+    ------
+    ConfigError
+        As :func:`device_radio`.
+    """
+    if not hw.virtual:
+        return None
+    radio = device_radio(hw, device)
+    path = hw.virtual_air.path(VirtualArgs.parse(radio.tx_args).serial)
+    if path is None:
+        return None
+    gain = path_gain(attenuation_db=path.attenuation_db, distance_m=path.distance_m,
+                     center_freq_hz=hw.center_freq_hz)
+    air = hw.virtual_air
+    return budget_snr_db(radio.tx_power_ref_w * gain, hw.symbol_rate_hz, air.temperature_k,
+                         air.noise_figure_db)
 
 
 def receiver_radio(hw: HardwareConfig) -> ReceiverRadio:

@@ -74,13 +74,17 @@ def test_threshold_is_the_closed_form_for_the_number_of_tests() -> None:
 def test_statistic_is_at_least_the_direct_zero_offset_one_and_one_on_a_clean_frame() -> None:
     rng = np.random.default_rng(1)
     root = device_waveform(WF, 3).zc_root
-    x = _place(9_000, [(_frame(3, 600, rng), 1_000, 1.0, 0.0)], 1e-6, rng)
+    # noise 60 dB below the frame: the search correlates in single precision (float32),
+    # which keeps rho within 1e-6 of the double-precision statistic where a position's
+    # energy is within about 70 dB of the strongest in its block (any receiver's noise floor)
+    x = _place(9_000, [(_frame(3, 600, rng), 1_000, 1.0, 0.0)], 1e-3, rng)
     rho, _ = preamble_statistic(x, WF, [root])[root]
     direct = _direct_statistic(x, root)
     assert rho.shape == direct.shape
-    assert np.all(rho >= direct - 1e-9)  # the best hypothesis is at least the zero one
+    # the best hypothesis is at least the zero one
+    assert np.all(rho >= direct - 1e-6)
     tau = int(np.argmax(direct))
-    assert direct[tau] > 0.999 and rho[tau] == pytest.approx(direct[tau], abs=1e-9)
+    assert direct[tau] > 0.999 and rho[tau] == pytest.approx(direct[tau], abs=1e-6)
     # the first preamble symbol: guard, then transmit and receive filter delays
     delay = (pulse_taps(WF).size - 1) // 2
     assert tau == 1_000 + WF.guard_symbols * SPS + 2 * delay

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 import xmlrpc.client
@@ -189,6 +190,9 @@ class FlowgraphProcess:
             ) from exc
         self._finalizer = weakref.finalize(self, _cleanup, self.proc, self._log, 5.0)
         self.control = xmlrpc.client.ServerProxy(f"http://127.0.0.1:{self.port}", allow_none=True)
+        # One call at a time: a ServerProxy's connection is not shared between threads (a
+        # receiver reads a round's windows from a thread while the caller asks the time).
+        self._control_lock = threading.Lock()
         try:
             self._wait_ready(startup_timeout_s)
         except BaseException:
@@ -254,7 +258,8 @@ class FlowgraphProcess:
         """Call a control method (a get/set pair of the flowgraph) over XML-RPC."""
         self.check_alive()
         try:
-            return getattr(self.control, method)(*args)
+            with self._control_lock:
+                return getattr(self.control, method)(*args)
         except (OSError, xmlrpc.client.Error) as exc:
             self.check_alive()
             raise FlowgraphError(

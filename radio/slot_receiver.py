@@ -12,9 +12,10 @@ same as every estimated link). Schedule times are on the time base described in
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -169,10 +170,12 @@ class SlotReceiver:
         return capture, bounds
 
     def _capture(
-        self, slots: Sequence[Slot], round_index: int, timeout_s: float
+        self, slots: Sequence[Slot], round_index: int, timeout_s: float,
+        mapping: OffsetEstimate | None = None,
     ) -> tuple[np.ndarray, dict[int, tuple[int, int]], dict[int, ReceiverGap]]:
         """:meth:`capture`, and the windows a gap in the stream took: ``{device: gap}``
-        (their samples read zero in the capture)."""
+        (their samples read zero in the capture); ``mapping`` as :meth:`round_mapping`'s
+        (default: measured now)."""
         where = f"aggregator receiver, round {round_index}"
         stream = self._stream()
         fs = self.radio.sample_rate_hz
@@ -180,13 +183,9 @@ class SlotReceiver:
         if w1 - w0 > 0.9 * stream.capacity_s:
             raise ValueError(f"{where}: schedule spans {w1 - w0:.3f} s; the receiver holds "
                              f"{stream.capacity_s:.1f} s (ReceiverRadio.ring_seconds)")
-        try:
-            stream.check_alive()
-            mapping = self.usrp_minus_host()
-        except FlowgraphError as exc:
-            raise LinkFailed(f"{where}: {exc}") from exc
+        if mapping is None:
+            mapping = self.round_mapping(round_index)
         shift = 0.0 if self.radio.shared_time else mapping.offset_s
-        self.timing_uncertainty_s = 0.0 if self.radio.shared_time else mapping.uncertainty_s
         usrp_now = self.clock() + mapping.offset_s
         stream.check_mapping(usrp_now, f"{where} failed")
         if w0 + shift < stream.start_time:
@@ -308,6 +307,17 @@ class SlotReceiver:
                     break
         return out
 
+    def start_round(
+        self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0,
+        on_air: Callable[[int], bool] = lambda device: True,
+    ) -> RoundReception:
+        """Read and decode the round's windows as the slots go by, from a thread of their
+        own (each window once its samples are in, decoded in a small pool), while the
+        caller serves its control plane; :meth:`RoundReception.finish` then completes the
+        round as :meth:`receive_all`. ``on_air(device)`` is asked before each window is
+        read: a device that no longer may transmit (it refused) is skipped."""
+        return RoundReception(self, slots, n_payload, round_index, on_air)
+
     def receive_all(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0
     ) -> dict[int, Reception | LinkError]:
@@ -319,29 +329,72 @@ class SlotReceiver:
         schedule time base) and ``timing_error_s``: where the frame was found in its window
         minus where it was due (s; positive: late).
         """
+        pending = self.start_round(slots, n_payload, round_index=round_index)
+        try:
+            return pending.finish(slots)
+        finally:
+            pending.cancel()
+
+    def round_mapping(self, round_index: int) -> OffsetEstimate:
+        """The receiver USRP's time minus this host's clock for one round's reads
+        (:meth:`usrp_minus_host`); sets :attr:`timing_uncertainty_s`.
+
+        Raises
+        ------
+        LinkFailed
+            The receiver died.
+        """
+        try:
+            self._stream().check_alive()
+            mapping = self.usrp_minus_host()
+        except FlowgraphError as exc:
+            raise LinkFailed(f"aggregator receiver, round {round_index}: {exc}") from exc
+        self.timing_uncertainty_s = 0.0 if self.radio.shared_time else mapping.uncertainty_s
+        return mapping
+
+    def window_of(self, slot: Slot, mapping: OffsetEstimate, timeout_s: float = 5.0
+                  ) -> np.ndarray:
+        """Device ``slot.device``'s window (``complex64``, the samples :meth:`capture` cuts
+        for it to within one at its ends), waiting until it has been received; ``mapping``
+        from :meth:`round_mapping`.
+
+        Raises
+        ------
+        ReceiverGap
+            The window overlaps a gap in the stream.
+        LinkError, LinkFailed
+            As :meth:`capture`.
+        """
+        shift = 0.0 if self.radio.shared_time else mapping.offset_s
+        fs = self.radio.sample_rate_hz
+        n = max(0, int(round((slot.window_end_s - slot.window_start_s) * fs)))
+        usrp_now = self.clock() + mapping.offset_s
+        wait = max(0.0, slot.window_end_s + shift - usrp_now) + timeout_s
+        return self._stream().read_at(slot.window_start_s + shift, n, wait)
+
+    def settle_round(
+        self, slots: Sequence[Slot], n_payload: Mapping[int, int], round_index: int,
+        decoded: Callable[[int, np.ndarray], Reception | LinkError],
+        mapping: OffsetEstimate | None = None,
+    ) -> dict[int, Reception | LinkError]:
+        """:meth:`receive_all` with each window's decoding from ``decoded(device, window)``
+        (a decode already under way: :class:`RoundReception`), the capture placed with
+        ``mapping`` (default: measured now)."""
         out: dict[int, Reception | LinkError] = {}
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
-        capture, bounds, lost = self._capture(slots, round_index, 5.0)
-        # The collision search over the whole capture runs in a thread beside the windows'
-        # decoding (both are mostly numpy and FFTs, which release the interpreter's lock):
-        # the round waits for the longer of the two instead of their sum. A window whose
-        # frame collided is decoded for nothing and its result dropped.
+        capture, bounds, lost = self._capture(slots, round_index, 5.0, mapping)
+        # The collision search over the whole capture runs beside the windows' decoding
+        # (both are mostly numpy and FFTs, which release the interpreter's lock): the round
+        # waits for the longer of the two instead of their sum. A window whose frame
+        # collided is decoded for nothing and its result dropped.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collisions") as pool:
             search = pool.submit(self.collisions, capture, bounds, n_payload,
                                  missing=[bounds[d] for d in lost])
-            decoded: dict[int, Reception | LinkError] = {}
+            results: dict[int, Reception | LinkError] = {}
             for device, (i0, i1) in bounds.items():
-                if device in lost:
-                    continue
-                window = capture[i0:i1].astype(np.complex128)
-                try:
-                    decoded[device] = self.decode(window, n_payload[device], device=device,
-                                                  round_index=round_index)
-                except LinkFailed:
-                    raise
-                except LinkError as exc:
-                    decoded[device] = exc
+                if device not in lost:
+                    results[device] = decoded(device, capture[i0:i1])
             collided = search.result()
         for device in bounds:
             if device in lost:
@@ -357,7 +410,7 @@ class SlotReceiver:
                     f"collision: device {collided[device]}'s frame overlaps device {device}'s"
                 )
                 continue
-            rec = decoded[device]
+            rec = results[device]
             if isinstance(rec, LinkError):
                 out[device] = rec
                 continue
@@ -375,3 +428,83 @@ class SlotReceiver:
         if self.stream is not None:
             self.stream.close()
         self.stream = None
+
+
+#: Threads that decode a round's windows while later slots are still on the air.
+DECODE_THREADS = 2
+
+
+class RoundReception:
+    """A round's windows, read and decoded as the slots go by
+    (:meth:`SlotReceiver.start_round`).
+
+    A thread reads each slot's window once its samples are in (in time order) and hands it
+    to a pool of :data:`DECODE_THREADS` decoders, so that the first windows are decoded
+    while later slots are still on the air. :meth:`finish` reads the capture of the slots
+    that went on air (the gaps, the collision search) exactly as
+    :meth:`SlotReceiver.receive_all` does, and takes each window's decoding from the pool;
+    a window the thread did not read (a device that refused, an error of the stream) is
+    decoded there from the capture. A window read here holds the samples the capture
+    holds for it.
+    """
+
+    def __init__(self, receiver: SlotReceiver, slots: Sequence[Slot],
+                 n_payload: Mapping[int, int], round_index: int,
+                 on_air: Callable[[int], bool]) -> None:
+        self.receiver = receiver
+        self.round_index = round_index
+        self.n_payload = dict(n_payload)
+        self._on_air = on_air
+        #: One mapping of the receiver's time for every read of the round.
+        self.mapping = receiver.round_mapping(round_index)
+        self._pool = ThreadPoolExecutor(max_workers=DECODE_THREADS,
+                                        thread_name_prefix="decode")
+        self._decodes: dict[int, Future[Reception | LinkError]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._read_windows, args=(sorted(slots, key=lambda s: s.window_start_s),),
+            name=f"windows-{round_index}", daemon=True)
+        self._thread.start()
+
+    def _decode(self, device: int, window: np.ndarray) -> Reception | LinkError:
+        try:
+            return self.receiver.decode(window.astype(np.complex128), self.n_payload[device],
+                                        device=device, round_index=self.round_index)
+        except LinkFailed:
+            raise
+        except LinkError as exc:
+            return exc
+
+    def _read_windows(self, slots: list[Slot]) -> None:
+        for slot in slots:
+            if self._stop.is_set():
+                return
+            if not self._on_air(slot.device):
+                continue
+            try:
+                window = self.receiver.window_of(slot, self.mapping)
+            except LinkError:
+                # A gap, a dead or stalled stream, a window not held: finish() reads the
+                # capture and says which, as receive_all does.
+                return
+            self._decodes[slot.device] = self._pool.submit(self._decode, slot.device, window)
+
+    def finish(self, slots: Sequence[Slot]) -> dict[int, Reception | LinkError]:
+        """The round's receptions for ``slots`` (those that may have transmitted), as
+        :meth:`SlotReceiver.receive_all` returns them; raises as it does."""
+        self._thread.join()
+
+        def decoded(device: int, window: np.ndarray) -> Reception | LinkError:
+            future = self._decodes.get(device)
+            if future is None:
+                return self._decode(device, window)
+            return future.result()
+
+        return self.receiver.settle_round(slots, self.n_payload, self.round_index, decoded,
+                                          self.mapping)
+
+    def cancel(self) -> None:
+        """Stop reading windows and drop the decodes not started. Idempotent."""
+        self._stop.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -157,8 +157,7 @@ class SlotCapture:
         end = max(s.window_end_s for s in slots.values()) + CAPTURE_MARGIN_S
 
         def may_transmit() -> list[Slot]:
-            return [s for i, s in slots.items() if i in pending
-                    and not (i in answers and answers[i].type == "refuse")]
+            return [s for i, s in slots.items() if on_air(i)]
 
         def wait_for_the_slots() -> None:
             while may_transmit():
@@ -168,21 +167,33 @@ class SlotCapture:
                     break
                 take(t, self.plane.poll(min(0.2, left)), answers)
 
+        def on_air(device: int) -> bool:
+            return device in pending and not (device in answers
+                                              and answers[device].type == "refuse")
+
+        reception = None
         try:
+            # The windows are read and decoded as their slots pass, while the control plane
+            # is served: only the last ones (and the collision search) are left at the end.
+            n_all = {i: self.n_payload(i) for i in slots}
+            reception = split.start_round(list(slots.values()), n_all, round_index=t,
+                                          on_air=on_air)
             timer.timed("slots", wait_for_the_slots)
-            on_air = may_transmit()
-            if not on_air:
+            on_air_slots = may_transmit()
+            if not on_air_slots:
                 return {}, None
-            n_payload = {s.device: self.n_payload(s.device) for s in on_air}
-            fault_point("lab_before_capture")  # the bursts are on the air, none read yet
-            got = timer.timed("capture", lambda: split.receive(on_air, n_payload,
-                                                               round_index=t))
+            fault_point("lab_before_capture")  # the bursts are on the air, none settled yet
+            started = reception
+            got = timer.timed("capture", lambda: started.finish(on_air_slots))
             return got, self.receiver_down(t, got)
         except LinkFailed as exc:
             lost = LinkError(f"usrp link (lab): round {t}: no capture: {exc}")
             return {i: lost for i in slots}, exc
         except LinkError as exc:  # the capture is not held: every window of it is lost
             return {i: exc for i in slots}, None
+        finally:
+            if reception is not None:
+                reception.cancel()
 
     def receiver_down(self, t: int, got: dict[int, Reception | LinkError]
                       ) -> LinkFailed | None:

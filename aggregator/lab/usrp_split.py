@@ -29,7 +29,7 @@ import numpy as np
 from radio.framing import WaveformParams
 from radio.link import Link, LinkError, LinkFailed, Reception
 from radio.modem import frame_samples
-from radio.slot_receiver import SlotReceiver
+from radio.slot_receiver import RoundReception, SlotReceiver
 from radio.tdma import Slot, slot_guard_s, tdma_schedule
 from testbed.core.config.hardware import HardwareConfig, receiver_radio
 from testbed.core.links import waveform_params
@@ -145,6 +145,22 @@ class SplitReceiverLink(Link):
             The receiver died, stalled or dropped samples.
         """
         return dict(self.receiver.receive_all(slots, n_payload, round_index=round_index))
+
+    def start_round(
+        self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int,
+        on_air: Callable[[int], bool],
+    ) -> RoundReception:
+        """Read and decode the round's windows as the slots go by
+        (:meth:`radio.slot_receiver.SlotReceiver.start_round`); its ``finish`` returns what
+        :meth:`receive` does.
+
+        Raises
+        ------
+        radio.link.LinkFailed
+            The receiver died.
+        """
+        return self.receiver.start_round(slots, n_payload, round_index=round_index,
+                                         on_air=on_air)
 
     def close(self) -> None:
         self.receiver.close()

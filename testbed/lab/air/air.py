@@ -241,6 +241,9 @@ class VirtualAir:
             "path_gain_db": pc.gain_db, "fading_gain_db": rx.fading_gain_db,
             "budget_snr_db": self.snr_db(rx.rx_power_w), "overlaps": [],
             "late_to_air_samples": 0,
+            # how long before the air rendered its first sample it arrived (s; the margin
+            # its transmitter's lead left; negative: late, see late_to_air_samples)
+            "ahead_of_air_s": (s - self.timeline.next_index) / self.fs,
         }
         rendered = self.timeline.next_index
         if self.timeline.add(rx.first, rx.samples, record) is None:

@@ -6,7 +6,9 @@ burst: ``serial``, ``t_true_s``, ``start_index`` (fractional air index), ``n``, 
 (radiated, from its header), ``rx_power_w`` (mean power added at the receiver over its ``n``
 samples, noise excluded; W), ``path_gain_db``, ``fading_gain_db``, ``budget_snr_db`` (the
 ``Es/N0`` of :func:`radio.link_budget.budget_snr_db`), ``overlaps`` (serials of the other
-bursts overlapping it in time), ``late_to_air_samples``. A dropped burst has ``serial``,
+bursts overlapping it in time), ``late_to_air_samples``, ``ahead_of_air_s`` (how long
+before the air rendered its first sample the burst arrived: the margin its transmitter's
+lead left, s; negative when late). A dropped burst has ``serial``,
 ``t_true_s``, ``n`` and ``dropped`` (the reason). The last line is ``{"summary": {...}}``.
 The file is appended to and every line flushed.
 """

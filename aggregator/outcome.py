@@ -204,9 +204,9 @@ def channel_only_sentence(
     """The one sentence every output gives when devices add no noise of their own
     (``sigma`` 0): their guarantee rests on the channel's noise alone, and what that trusts.
 
-    The summary's ``privacy.trust``, the outcome line, ``report.md``, the warning when a run
-    starts (:func:`noiseless_warning`) and a plan's note (:func:`noiseless_plan_note`) all
-    say it in these words.
+    The summary's ``privacy.trust``, the outcome line, ``report.md``, the warning a run
+    prints on stderr when it starts (``ChannelOnlyNoiseWarning``) and a plan's note
+    (:func:`noiseless_plan_note`) all say it in these words.
 
     Parameters
     ----------
@@ -245,13 +245,6 @@ def no_channel_name(unit: str | None) -> str:
     if unit == "record":
         return "epsilon_no_channel"
     return "not reported at the device unit; `testbed privacy --trusted 0` computes it"
-
-
-def noiseless_warning(silent: Sequence[int], total: int, *, credited: float,
-                      unit: str | None) -> str:
-    """The warning a run prints on stderr when it starts with devices that add no noise
-    (:func:`channel_only_sentence`)."""
-    return channel_only_sentence(silent, total, credited=credited, unit=unit)
 
 
 def noiseless_plan_note(silent: Sequence[int], total: int, *, credited: float,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from aggregator.evaluate import subset_indices
-from aggregator.outcome import noiseless_devices, noiseless_warning
+from aggregator.outcome import channel_only_sentence, noiseless_devices
 from radio.link import ChannelState
 from testbed.core.blas_threads import limit_blas_threads
 from testbed.core.config.experiment import ExperimentConfig
@@ -38,7 +38,8 @@ class PaperAccountingWarning(UserWarning):
 
 class ChannelOnlyNoiseWarning(UserWarning):
     """Some devices add no noise of their own (``sigma`` 0, e.g. under a plan): their
-    guarantee rests on the channel's noise alone (:func:`aggregator.outcome.noiseless_warning`)."""
+    guarantee rests on the channel's noise alone
+    (:func:`aggregator.outcome.channel_only_sentence`)."""
 
 
 class RunState:
@@ -105,8 +106,8 @@ class RunState:
                   else [])
         if silent:
             warnings.warn(
-                noiseless_warning(silent, len(uplinks), unit=self.unit,
-                                  credited=max(up.trusted for up in uplinks)),
+                channel_only_sentence(silent, len(uplinks), unit=self.unit,
+                                      credited=max(up.trusted for up in uplinks)),
                 ChannelOnlyNoiseWarning,
                 stacklevel=2,
             )

@@ -1,16 +1,25 @@
-"""Shared helpers of the lab-deployment tests: processes on loopback, ledgers, leftovers."""
+"""Shared helpers of the lab-deployment tests: processes on loopback, ledgers, leftovers,
+and a test-process air streaming chunks to a virtual receiver (:class:`ChunkAir`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import zmq
+
+from radio.virtual_wire import ChunkHeader, encode_chunk
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_CONFIG = str(ROOT / "testbed" / "config" / "private-fedsgd.yaml")
@@ -185,3 +194,84 @@ def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``cond`` holds within ``timeout_s`` seconds (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+# -- a chunk air for a virtual receiver ----------------------------------------------------
+
+#: The sample rate (Hz) :class:`ChunkAir` streams at (the receiver's in these tests).
+FS_RX = 50e3
+#: Samples a chunk of :class:`ChunkAir` holds (10 ms).
+AIR_CHUNK = 500
+#: The receiver's full scale (W) by default (that of :mod:`radio.virtual_device`).
+RX_FULL_SCALE_W = 1e-3
+#: The amplitude (W^0.5 at the antenna) of the air's samples.
+AIR_AMPLITUDE = 1e-4
+
+
+def air_samples(k0: int, n: int) -> np.ndarray:
+    """The air's samples ``k0 .. k0 + n`` (complex64, shape ``(n,)``): each encodes its own
+    index (24 bits)."""
+    k = np.arange(k0, k0 + n)
+    return (AIR_AMPLITUDE * ((k % 4096) + 1j * ((k // 4096) % 4096)) / 4096).astype(
+        np.complex64)
+
+
+def air_index(y: np.ndarray, gain_db: float) -> np.ndarray:
+    """Air sample indices (mod 2^24, int64) read back from samples ``y`` received with a
+    gain of ``gain_db`` (dB) at the default full scale."""
+    scale = math.sqrt(10 ** (gain_db / 10) / RX_FULL_SCALE_W)
+    v = y.astype(np.complex128) / (AIR_AMPLITUDE * scale) * 4096
+    return np.round(v.imag).astype(np.int64) * 4096 + np.round(v.real).astype(np.int64)
+
+
+class ChunkAir(threading.Thread):
+    """The air of a virtual receiver, played by the test process: a PUSH socket on a free
+    loopback port (``port``) streaming consecutive chunks of :func:`air_samples` at about
+    real time (20 ms late) from true time ``t0`` (s). ``skip`` set: the next chunk is lost
+    (a gap in the indices); ``stop`` set: the thread ends (:meth:`close`)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.port: int = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.t0 = time.time()
+        self.stop = threading.Event()
+        self.skip = threading.Event()
+
+    def run(self) -> None:
+        index = 0
+        while not self.stop.is_set():
+            due = self.t0 + (index + AIR_CHUNK) / FS_RX + 0.02
+            wait = due - time.time()
+            if wait > 0:
+                time.sleep(min(wait, 0.05))
+                continue
+            if self.skip.is_set():  # a lost chunk: a gap in the indices
+                self.skip.clear()
+                index += AIR_CHUNK
+                continue
+            header = ChunkHeader(index=index, t0_true_s=self.t0, sample_rate_hz=FS_RX,
+                                 n=AIR_CHUNK)
+            try:
+                self.sock.send_multipart(encode_chunk(header, air_samples(index, AIR_CHUNK)),
+                                         flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # no receiver connected yet
+            index += AIR_CHUNK
+
+    def close(self) -> None:
+        """Stop streaming, wait for the thread (5 s at most) and close the socket."""
+        self.stop.set()
+        self.join(timeout=5)
+        self.sock.close(0)

@@ -27,10 +27,10 @@ from radio.slot_receiver import SlotReceiver
 from radio.tdma import slot_guard_s, tdma_schedule
 from radio.usrp_stream import Anchor, RxRing, RxStream, SampleTimeline, anchor_at
 from radio.virtual_device import VirtualArgs
-from radio.virtual_wire import ChunkHeader, encode_chunk
 from testbed.core.config.hardware import receiver_radio
 from testbed.core.config.loader import load_hardware
 from testbed.core.links import waveform_params
+from tests.lab_helpers import FS_RX, ChunkAir, air_index, wait_until
 from tests.radio_helpers import require_gnuradio, unit_payload
 
 FS = 1e6
@@ -344,57 +344,6 @@ def test_gap_settings_are_parsed_and_checked() -> None:
 
 # -- injected gaps through a real rx flowgraph ---------------------------------------------
 
-FS_RX = 50e3
-CHUNK = 500  # 10 ms
-
-
-def _air_samples(k0: int, n: int) -> np.ndarray:
-    """Air samples ``k0 .. k0 + n``, each encoding its own index (24 bits)."""
-    k = np.arange(k0, k0 + n)
-    return (1e-4 * ((k % 4096) + 1j * ((k // 4096) % 4096)) / 4096).astype(np.complex64)
-
-
-def _air_index(y: np.ndarray, gain_db: float) -> np.ndarray:
-    v = y.astype(np.complex128) / (1e-4 * math.sqrt(10 ** (gain_db / 10) / 1e-3)) * 4096
-    return np.round(v.imag).astype(np.int64) * 4096 + np.round(v.real).astype(np.int64)
-
-
-class _Air(threading.Thread):
-    """Streams consecutive chunks at about real time from true time ``t0``."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port: int = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.t0 = time.time()
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        index = 0
-        while not self.stop.is_set():
-            wait = self.t0 + (index + CHUNK) / FS_RX + 0.02 - time.time()
-            if wait > 0:
-                time.sleep(min(wait, 0.05))
-                continue
-            header = ChunkHeader(index=index, t0_true_s=self.t0, sample_rate_hz=FS_RX, n=CHUNK)
-            try:
-                self.sock.send_multipart(encode_chunk(header, _air_samples(index, CHUNK)),
-                                         flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # no receiver connected yet
-            index += CHUNK
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 @pytest.mark.gnuradio
 def test_virtual_source_injects_tagged_gaps_through_the_rx_flowgraph(tmp_path) -> None:
     """``gaps=3,gap_samples=1000,gap_every_s=0.4``: three overflows, each tagged after; the
@@ -402,7 +351,7 @@ def test_virtual_source_injects_tagged_gaps_through_the_rx_flowgraph(tmp_path) -
     air's samples of their time."""
     require_gnuradio()
     gain = 20.0
-    air = _Air()
+    air = ChunkAir()
     air.start()
     stream = None
     try:
@@ -413,11 +362,11 @@ def test_virtual_source_injects_tagged_gaps_through_the_rx_flowgraph(tmp_path) -
             start_after_s=1.0, air_address=f"tcp://127.0.0.1:{air.port}", log_dir=tmp_path,
             startup_timeout_s=120,
         )
-        assert _wait(lambda: stream.overflows() == 3, 120.0), stream._proc().log_tail()
+        assert wait_until(lambda: stream.overflows() == 3, 120.0), stream._proc().log_tail()
         counters = stream._proc().call("get_device_counters")
         assert counters["injected_gaps"] == 3 and counters["lost_samples"] == 3000, counters
         # The last gap's tag comes with the first sample after it, 0.2 s of samples on.
-        assert _wait(lambda: len(stream.refresh_anchors().anchors) == 4
+        assert wait_until(lambda: len(stream.refresh_anchors().anchors) == 4
                      and stream.timeline.known_through > 3 * 0.4 * FS_RX + 0.2 * FS_RX,
                      60.0), stream.timeline.anchors
         anchors = stream.timeline.anchors
@@ -428,7 +377,7 @@ def test_virtual_source_injects_tagged_gaps_through_the_rx_flowgraph(tmp_path) -
             # (device times near 1.8e9 s: float64 resolves 0.24 us, 0.01 samples here)
             assert b.time_s - a.time_s == pytest.approx((period + 1000) / FS_RX, abs=1e-6)
         first = stream.read_at(anchors[0].time_s, 1, timeout_s=30.0)
-        k_first = int(_air_index(first, gain)[0])
+        k_first = int(air_index(first, gain)[0])
 
         def air_index_at(t: float) -> int:  # the air's timeline is the receiver's clock
             return k_first + round((t - anchors[0].time_s) * FS_RX)
@@ -437,7 +386,7 @@ def test_virtual_source_injects_tagged_gaps_through_the_rx_flowgraph(tmp_path) -
             # A window inside each segment: the air's samples of exactly that time.
             t = a.time_s + 0.1
             y = stream.read_at(t, 200, timeout_s=30.0)
-            np.testing.assert_array_equal(_air_index(y, gain),
+            np.testing.assert_array_equal(air_index(y, gain),
                                           np.arange(air_index_at(t), air_index_at(t) + 200))
             if i == 0:
                 continue
@@ -451,8 +400,6 @@ def test_virtual_source_injects_tagged_gaps_through_the_rx_flowgraph(tmp_path) -
         log = (tmp_path / "rx.log").read_text()
         assert "injected gap 3 of 3: 1000 samples dropped" in log
     finally:
-        air.stop.set()
         if stream is not None:
             stream.close()
-        air.join(timeout=5)
-        air.sock.close(0)
+        air.close()

@@ -28,6 +28,7 @@ from radio.link import ChannelState, Reception
 from radio.link_budget import budget_snr_db
 from testbed.cli import cmd_radio_loopback
 from testbed.cli.main import main
+from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import load_hardware
 from testbed.core.extensions import ExtensionError, resolve
 from tests.radio_helpers import require_gnuradio
@@ -73,6 +74,16 @@ class _FakeUsrpLink:
                          symbols.size / 200e3, info)
 
 
+def _fake_usrp_link(monkeypatch: pytest.MonkeyPatch, hw: HardwareConfig, snr_db: float,
+                    short: int = 0) -> _FakeUsrpLink:
+    """A :class:`_FakeUsrpLink` with ``hw``'s two capture margins, made the link that
+    ``testbed radio loopback`` uses."""
+    margin = int(2 * hw.usrp.capture_margin_s * hw.sample_rate_hz)
+    fake = _FakeUsrpLink(snr_db, margin, short)
+    monkeypatch.setattr(cmd_radio_loopback, "make_link", lambda exp, hw: fake)
+    return fake
+
+
 def _loopback_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     assert main(["radio", "loopback", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -99,10 +110,8 @@ def test_virtual_usrp_loopback_is_measured_against_the_link_budget(
 ) -> None:
     """Expected NMSE and coverage from tx0's link budget, in the receiver's gain scale; the
     capture margins are no lost samples, a short window is."""
-    hw = load_hardware(VIRTUAL_LAB)
-    margin = int(2 * hw.usrp.capture_margin_s * hw.sample_rate_hz)
-    fake = _FakeUsrpLink(VIRTUAL_LAB_BUDGET_DB, margin, short=7)
-    monkeypatch.setattr(cmd_radio_loopback, "make_link", lambda exp, hw: fake)
+    fake = _fake_usrp_link(monkeypatch, load_hardware(VIRTUAL_LAB), VIRTUAL_LAB_BUDGET_DB,
+                           short=7)
     out = _loopback_json(["--link", "usrp", "--hw", VIRTUAL_LAB, "--trials", "3",
                           "--n-symbols", "4000"], capsys)
     assert fake.calls == 3
@@ -123,9 +132,7 @@ def test_real_usrp_loopback_says_why_there_is_no_truth(
     with the reason), never a made-up 0.0."""
     hw = load_hardware("lab_ota")
     assert not hw.virtual
-    margin = int(2 * hw.usrp.capture_margin_s * hw.sample_rate_hz)
-    monkeypatch.setattr(cmd_radio_loopback, "make_link",
-                        lambda exp, hw: _FakeUsrpLink(17.0, margin))
+    _fake_usrp_link(monkeypatch, hw, 17.0)
     out = _loopback_json(["--link", "usrp", "--hw", "lab_ota", "--n-symbols", "2000"], capsys)
     assert out["snr_db"] is None
     assert out["nmse_expected_db"] is None and out["n0_ci_coverage"] is None
@@ -201,8 +208,11 @@ def clean_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     importlib.invalidate_caches()
 
 
-def _lab_folder(tmp_path: Path, models: str = "def mlp(input_shape, n_classes):\n    pass\n"
-                ) -> Path:
+#: A module defining the model factory ``mlp``.
+MLP_MODULE = "def mlp(input_shape, n_classes):\n    pass\n"
+
+
+def _lab_folder(tmp_path: Path, models: str = MLP_MODULE) -> Path:
     folder = tmp_path / "mylab"  # a lab's folder: no __init__.py
     folder.mkdir()
     (folder / "models.py").write_text(models)
@@ -210,12 +220,18 @@ def _lab_folder(tmp_path: Path, models: str = "def mlp(input_shape, n_classes):\
     return folder
 
 
+def _refusal(tmp_path: Path, target: str, models: str = MLP_MODULE) -> tuple[Path, str]:
+    """The lab folder ``tmp_path/mylab`` (its ``models.py`` holding ``models``) and the
+    message of the :class:`ExtensionError` that resolving the model ``target`` raises."""
+    folder = _lab_folder(tmp_path, models)
+    with pytest.raises(ExtensionError) as info:
+        resolve("model", target, [str(tmp_path)])
+    return folder, str(info.value)
+
+
 def test_a_namespace_folder_is_named_with_what_to_do(tmp_path: Path,
                                                      clean_imports: None) -> None:
-    folder = _lab_folder(tmp_path)
-    with pytest.raises(ExtensionError) as info:
-        resolve("model", "mylab:mlp", [str(tmp_path)])
-    msg = str(info.value)
+    folder, msg = _refusal(tmp_path, "mylab:mlp")
     assert "\n" not in msg
     assert "(None)" not in msg
     assert f"namespace package at {folder.resolve()}" in msg
@@ -227,20 +243,14 @@ def test_a_namespace_folder_is_named_with_what_to_do(tmp_path: Path,
 
 def test_a_missing_submodule_of_the_folder_names_it(tmp_path: Path,
                                                     clean_imports: None) -> None:
-    folder = _lab_folder(tmp_path)
-    with pytest.raises(ExtensionError) as info:
-        resolve("model", "mylab.nets:mlp", [str(tmp_path)])
-    msg = str(info.value)
+    folder, msg = _refusal(tmp_path, "mylab.nets:mlp")
     assert f"namespace package at {folder.resolve()}" in msg and "no 'nets'" in msg
 
 
 def test_a_missing_dependency_of_the_users_code_is_not_blamed_on_the_folder(
     tmp_path: Path, clean_imports: None
 ) -> None:
-    _lab_folder(tmp_path, "import no_such_dependency_xyz\n")
-    with pytest.raises(ExtensionError) as info:
-        resolve("model", "mylab.models:mlp", [str(tmp_path)])
-    msg = str(info.value)
+    _, msg = _refusal(tmp_path, "mylab.models:mlp", "import no_such_dependency_xyz\n")
     assert "no_such_dependency_xyz" in msg and "namespace package" not in msg
 
 
@@ -251,7 +261,7 @@ def test_the_module_on_the_path_wins_over_the_folder(tmp_path: Path,
     _lab_folder(tmp_path)
     code = tmp_path / "code"
     code.mkdir()
-    (code / "mylab.py").write_text("def mlp(input_shape, n_classes):\n    pass\n")
+    (code / "mylab.py").write_text(MLP_MODULE)
     importlib.invalidate_caches()
     factory = resolve("model", "mylab:mlp", [str(tmp_path), str(code)])
     assert Path(sys.modules["mylab"].__file__ or "").parent == code

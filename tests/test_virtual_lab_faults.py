@@ -348,6 +348,22 @@ def _aggregator_with(keys: Path, endpoint: str, run: Path, hw: Path, rounds: int
     return [*cmd, "--set", f"rounds={rounds}"]
 
 
+def _start_lab(
+    procs: Procs, keys: Path, endpoint: str, tmp_path: Path, hw: Path, run: Path,
+    rounds: int, allowance_s: float, edge_env: dict[int, dict[str, str]] | None = None,
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]:
+    """The virtual air of ``hw`` (:func:`_start_air`), the aggregator of
+    :func:`_aggregator_with` (its run directory ``run``) and the ``DEVICES`` edges (their
+    state in ``tmp_path/edge-<i>``, edge ``i`` with the environment ``edge_env[i]`` added),
+    started in that order; returns ``(air, aggregator, edges)``."""
+    air = _start_air(procs, hw, tmp_path)
+    agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, rounds, allowance_s))
+    edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)),
+                         env=(edge_env or {}).get(i))
+             for i in range(DEVICES)]
+    return air, agg, edges
+
+
 @pytest.mark.slow  # reason: 45 s; pacing runs by default in test_virtual_lab.py
 def test_a_device_not_ready_by_the_deadline_sits_the_round_out_uncharged(
     tmp_path: Path,
@@ -361,11 +377,8 @@ def test_a_device_not_ready_by_the_deadline_sits_the_round_out_uncharged(
     hw, _ = _resolved_hw(tmp_path, str(ROOT / "hw_configs" / "virtual_lab.yaml"), [])
     run = tmp_path / "agg"
     try:
-        air = _start_air(procs, hw, tmp_path)
-        agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, ROUNDS, 8.0))
-        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)),
-                             env={"TESTBED_READY_DELAY_S": "12:2"} if i == 2 else None)
-                 for i in range(DEVICES)]
+        air, agg, edges = _start_lab(procs, keys, endpoint, tmp_path, hw, run, ROUNDS, 8.0,
+                                     edge_env={2: {"TESTBED_READY_DELAY_S": "12:2"}})
         assert agg.wait(600) == 0, procs.log("agg")[-5000:]
         for i, p in enumerate(edges):
             assert p.wait(120) == 0, procs.log(f"edge-{i}")[-3000:]
@@ -398,10 +411,7 @@ def test_an_edge_whose_transmitter_died_is_neither_asked_nor_charged(tmp_path: P
     hw, _ = _resolved_hw(tmp_path, str(ROOT / "hw_configs" / "virtual_lab.yaml"), [])
     run = tmp_path / "agg"
     try:
-        air = _start_air(procs, hw, tmp_path)
-        agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, rounds, 20.0))
-        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)))
-                 for i in range(DEVICES)]
+        air, agg, edges = _start_lab(procs, keys, endpoint, tmp_path, hw, run, rounds, 20.0)
         wait_for(lambda: (run / "metrics.jsonl").exists()
                  and (run / "metrics.jsonl").read_text().count("\n") >= 1, 600, "round 0")
         tx = _orphans("tx.py", edges[1].pid)
@@ -454,10 +464,7 @@ def test_twenty_receiver_gaps_cost_the_uploads_they_hit_not_the_run(tmp_path: Pa
     hw, _ = _resolved_hw(tmp_path, str(hw_path), [])
     run = tmp_path / "agg"
     try:
-        air = _start_air(procs, hw, tmp_path)
-        agg = procs.start("agg", _aggregator_with(keys, endpoint, run, hw, rounds, 20.0))
-        edges = [procs.start(f"edge-{i}", edge_cmd(keys, endpoint, tmp_path, i, "--hw", str(hw)))
-                 for i in range(DEVICES)]
+        air, agg, edges = _start_lab(procs, keys, endpoint, tmp_path, hw, run, rounds, 20.0)
         assert agg.wait(1200) == 0, procs.log("agg")[-5000:]
         for i, p in enumerate(edges):
             assert p.wait(120) == 0, procs.log(f"edge-{i}")[-3000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,15 @@ import zmq
 
 from radio.flowgraph_process import FLOWGRAPH_DIR, SYSTEM_PYTHON
 from radio.usrp_stream import RxStream, TxStream
-from radio.virtual_wire import BurstHeader, ChunkHeader, decode_burst, encode_chunk
+from radio.virtual_wire import BurstHeader, decode_burst
+from tests.lab_helpers import (
+    FS_RX,
+    RX_FULL_SCALE_W,
+    ChunkAir,
+    air_index,
+    air_samples,
+    wait_until,
+)
 from tests.radio_helpers import require_gnuradio
 
 pytestmark = pytest.mark.gnuradio
@@ -47,15 +54,6 @@ def _recv_burst(sock: zmq.Socket[bytes], timeout_s: float) -> tuple[BurstHeader,
     if not sock.poll(int(1000 * timeout_s)):
         return None
     return decode_burst(sock.recv_multipart())
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return bool(cond())
 
 
 def _unit_phase(n: int, amplitude: float, seed: int) -> np.ndarray:
@@ -125,19 +123,21 @@ def test_tx_burst_reaches_the_air_at_its_true_time(
     assert header.power_w == pytest.approx(float(np.mean(np.abs(s * scale) ** 2)), rel=1e-5)
     # The burst is acknowledged once its last sample has left (0x1, at its end time).
     end = tx_time + s.size / FS_TX
-    assert _wait(lambda: any(code == 0x1 and t is not None and abs(t - end) < 1e-6
-                             for code, t in stream.async_events()), 10.0), stream.async_events()
+    assert wait_until(lambda: any(code == 0x1 and t is not None and abs(t - end) < 1e-6
+                                  for code, t in stream.async_events()), 10.0), \
+        stream.async_events()
 
 
 def test_tx_late_burst_is_dropped_and_counted(
     virtual_tx: VirtualTx,
 ) -> None:
     stream, air, _ = virtual_tx
-    assert _wait(lambda: stream.usrp_time_now() > 0.5, 10.0)
+    assert wait_until(lambda: stream.usrp_time_now() > 0.5, 10.0)
     late_before = stream.late_bursts()
     stream.send(_unit_phase(300, 0.05, seed=2), stream.usrp_time_now() - 0.1, "late burst",
                 wait_s=10.0)
-    assert _wait(lambda: stream.late_bursts() == late_before + 1, 15.0), stream._proc().log_tail()
+    assert wait_until(lambda: stream.late_bursts() == late_before + 1, 15.0), \
+        stream._proc().log_tail()
     assert any(code & 0x8 for code, _ in stream.async_events())
     # Nothing of it reached the air: the next message is the next (on-time) burst.
     s = _unit_phase(700, 0.05, seed=3)
@@ -175,8 +175,8 @@ def test_tx_without_an_air_drops_and_counts(tmp_path: Path) -> None:
     )
     try:
         _send_on_time(stream, _unit_phase(100, 0.1, seed=5))
-        assert _wait(lambda: stream._proc().call("get_device_counters")["dropped"] == 1,  # type: ignore[index]
-                     15.0), stream._proc().log_tail()
+        assert wait_until(lambda: stream._proc().call("get_device_counters")["dropped"] == 1,  # type: ignore[index]
+                          15.0), stream._proc().log_tail()
         assert stream.late_bursts() == 0
         assert "no air takes bursts" in (tmp_path / "tx.log").read_text()
     finally:
@@ -185,62 +185,12 @@ def test_tx_without_an_air_drops_and_counts(tmp_path: Path) -> None:
 
 # -- receiver ----------------------------------------------------------------------------
 
-FS_RX = 50e3
-CHUNK = 500  # 10 ms
 RX_GAIN_DB = 20.0
-RX_FULL_SCALE_W = 1e-3  # the receiver default of radio.virtual_device
-AMPLITUDE = 1e-4  # W^0.5 at the antenna
-
-
-def air_samples(k0: int, n: int) -> np.ndarray:
-    """The air's samples ``k0 .. k0 + n``: each encodes its own index (24 bits)."""
-    k = np.arange(k0, k0 + n)
-    return (AMPLITUDE * ((k % 4096) + 1j * ((k // 4096) % 4096)) / 4096).astype(np.complex64)
-
-
-def air_index(y: np.ndarray) -> np.ndarray:
-    """Air sample indices (mod 2^24) read back from received samples."""
-    scale = math.sqrt(10 ** (RX_GAIN_DB / 10) / RX_FULL_SCALE_W)
-    v = y.astype(np.complex128) / (AMPLITUDE * scale) * 4096
-    return np.round(v.imag).astype(np.int64) * 4096 + np.round(v.real).astype(np.int64)
-
-
-class _Air(threading.Thread):
-    """Streams consecutive chunks at about real time (20 ms late), from true time t0."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port: int = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.t0 = time.time()
-        self.stop = threading.Event()
-        self.skip = threading.Event()
-
-    def run(self) -> None:
-        index = 0
-        while not self.stop.is_set():
-            due = self.t0 + (index + CHUNK) / FS_RX + 0.02
-            wait = due - time.time()
-            if wait > 0:
-                time.sleep(min(wait, 0.05))
-                continue
-            if self.skip.is_set():  # a lost chunk: a gap in the indices
-                self.skip.clear()
-                index += CHUNK
-                continue
-            header = ChunkHeader(index=index, t0_true_s=self.t0, sample_rate_hz=FS_RX, n=CHUNK)
-            try:
-                self.sock.send_multipart(encode_chunk(header, air_samples(index, CHUNK)),
-                                         flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # no receiver connected yet
-            index += CHUNK
 
 
 def test_rx_streams_the_air_from_its_start_time(tmp_path: Path) -> None:
     require_gnuradio()
-    air = _Air()
+    air = ChunkAir()
     air.start()
     stream = None
     try:
@@ -256,7 +206,7 @@ def test_rx_streams_the_air_from_its_start_time(tmp_path: Path) -> None:
         offset, err = _device_minus_host(stream.usrp_time_now)
         # The first sample streamed is the first air sample at or after the start time.
         first = stream.read_at(stream.start_time, 1, timeout_s=15.0)
-        k_first = int(air_index(first)[0])
+        k_first = int(air_index(first, RX_GAIN_DB)[0])
         t_first = air.t0 + k_first / FS_RX + offset  # its device time, as measured
         assert -err - 0.005 < t_first - stream.start_time < 1 / FS_RX + err + 0.005, (
             t_first, stream.start_time, err)
@@ -271,20 +221,18 @@ def test_rx_streams_the_air_from_its_start_time(tmp_path: Path) -> None:
         t_mark = first_anchor.time_s + (k_mark - k_first) / FS_RX
         assert abs(t_mark - (air.t0 + k_mark / FS_RX + offset)) < err + 0.005
         y = stream.read_at(t_mark, 64, timeout_s=15.0)
-        np.testing.assert_array_equal(air_index(y), np.arange(k_mark, k_mark + 64))
+        np.testing.assert_array_equal(air_index(y, RX_GAIN_DB), np.arange(k_mark, k_mark + 64))
         scale = math.sqrt(10 ** (RX_GAIN_DB / 10) / RX_FULL_SCALE_W)
         np.testing.assert_allclose(y, air_samples(k_mark, 64) * scale, rtol=1e-5, atol=1e-9)
         stream.check_mapping(stream.usrp_time_now(), "virtual rx")
         assert stream.overflows() == 0
         # A lost chunk is an overflow.
         air.skip.set()
-        assert _wait(lambda: stream.overflows() == 1, 10.0), stream._proc().log_tail()
+        assert wait_until(lambda: stream.overflows() == 1, 10.0), stream._proc().log_tail()
     finally:
-        air.stop.set()
         if stream is not None:
             stream.close()
-        air.join(timeout=5)
-        air.sock.close(0)
+        air.close()
 
 
 # -- the blocks themselves, on a frozen true clock (every mapping exact) ------------------

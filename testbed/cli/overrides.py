@@ -31,9 +31,10 @@ def override_key(item: str) -> str | None:
     return ".".join(part.strip() for part in key.split("."))
 
 
-class UniqueOverrides(argparse.Action):
-    """``action="append"`` for ``KEY=VALUE`` items, refusing a key already given with a
-    :class:`ConfigError` (one ``testbed: error:`` line, exit 2)."""
+class TextOption(argparse.Action):
+    """An option whose text is checked and turned into the value kept for it as it is
+    parsed (:meth:`value`); a refusal is a :class:`ConfigError` (one ``testbed: error:``
+    line, exit 2)."""
 
     def __call__(
         self,
@@ -42,36 +43,49 @@ class UniqueOverrides(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        item = str(values)
-        items = list(getattr(namespace, self.dest, None) or [])
-        key = override_key(item)
+        kept = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, self.value(str(values), option_string or self.dest, kept))
+
+    def value(self, text: str, option: str, kept: Any) -> Any:
+        """The value to keep for ``text`` given to ``option`` (its flag, else its dest),
+        ``kept`` being the value kept so far (its default before the first).
+
+        Raises
+        ------
+        ConfigError
+            ``text`` is refused.
+        """
+        raise NotImplementedError
+
+
+class UniqueOverrides(TextOption):
+    """``action="append"`` for ``KEY=VALUE`` items, refusing a key already given with a
+    :class:`ConfigError` (one ``testbed: error:`` line, exit 2)."""
+
+    def value(self, text: str, option: str, kept: Any) -> list[str]:
+        """The items so far and ``text``, unless ``text``'s key is among them."""
+        items = list(kept or [])
+        key = override_key(text)
         if key is not None:
             for earlier in items:
                 if override_key(earlier) == key:
                     raise ConfigError(
-                        f"{option_string or self.dest}: key '{key}' given twice "
-                        f"({earlier!r}, then {item!r}); allowed: each key once"
+                        f"{option}: key '{key}' given twice "
+                        f"({earlier!r}, then {text!r}); allowed: each key once"
                     )
-        items.append(item)
-        setattr(namespace, self.dest, items)
+        return [*items, text]
 
 
-class PathOption(argparse.Action):
+class PathOption(TextOption):
     """``type=Path`` for an output or run directory (``--out``, ``--resume``), refusing a
     path with a control character (:func:`~testbed.core.config.paths.check_path_text`)
     with a :class:`ConfigError` at parsing (one ``testbed: error:`` line, exit 2), before
     anything is created."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        text = str(values)
-        check_path_text(text, option_string or self.dest)
-        setattr(namespace, self.dest, Path(text))
+    def value(self, text: str, option: str, kept: Any) -> Path:
+        """``text`` as a :class:`~pathlib.Path`, once checked."""
+        check_path_text(text, option)
+        return Path(text)
 
 
 def add_fallback_option(p: argparse.ArgumentParser, what: str) -> None:

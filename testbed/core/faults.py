@@ -122,41 +122,53 @@ def late_burst() -> bool:
 def tx_shift_s() -> float:
     """Seconds this burst of the edge is moved from its slot: ``TESTBED_TX_SHIFT_S=S``
     moves every burst, ``S:N`` only the ``N``-th."""
-    raw = os.environ.get("TESTBED_TX_SHIFT_S", "")
-    if not raw:
-        return 0.0
-    value, _, nth = raw.partition(":")
-    try:
-        shift, n = float(value), int(nth or "0")
-    except ValueError:
-        shift, n = math.nan, 0
-    if not (math.isfinite(shift) and abs(shift) <= 10.0 and n >= 0):
-        raise ValueError(f"TESTBED_TX_SHIFT_S={raw!r}; allowed: seconds within +-10, "
-                         "optionally :N (the N-th burst only)")
-    if n == 0:
-        return shift
-    _counts["tx_shift"] = _counts.get("tx_shift", 0) + 1
-    return shift if _counts["tx_shift"] == n else 0.0
+    return _seconds_once_or_always("TESTBED_TX_SHIFT_S", "tx_shift", -10.0, 10.0,
+                                   "seconds within +-10", "the N-th burst only")
 
 
 def ready_delay_s() -> float:
     """Seconds this edge waits before its ``upload_ready``: ``TESTBED_READY_DELAY_S=S`` in
     every paced round, ``S:N`` in the ``N``-th only."""
-    raw = os.environ.get("TESTBED_READY_DELAY_S", "")
+    return _seconds_once_or_always("TESTBED_READY_DELAY_S", "ready_delay", 0.0, 600.0,
+                                   "seconds in [0, 600]", "the N-th paced round only")
+
+
+def _seconds_once_or_always(variable: str, counter: str, low: float, high: float,
+                            seconds_allowed: str, nth_allowed: str) -> float:
+    """The seconds ``S`` that the environment variable ``variable`` gives as ``S`` (every
+    call) or ``S:N`` (the ``N``-th call only, counted under ``counter``; 0 on the others).
+
+    Parameters
+    ----------
+    variable
+        The environment variable; unset or empty: 0.
+    counter
+        The key under which this process counts the calls, for ``S:N``.
+    low, high
+        The seconds allowed, inclusive.
+    seconds_allowed, nth_allowed
+        What the error says is allowed for ``S`` and for ``:N``.
+
+    Raises
+    ------
+    ValueError
+        ``S`` is not a number of seconds in ``[low, high]`` or ``N`` not an integer >= 0.
+    """
+    raw = os.environ.get(variable, "")
     if not raw:
         return 0.0
     value, _, nth = raw.partition(":")
     try:
-        delay, n = float(value), int(nth or "0")
+        seconds, n = float(value), int(nth or "0")
     except ValueError:
-        delay, n = math.nan, 0
-    if not (math.isfinite(delay) and 0 <= delay <= 600 and n >= 0):
-        raise ValueError(f"TESTBED_READY_DELAY_S={raw!r}; allowed: seconds in [0, 600], "
-                         "optionally :N (the N-th paced round only)")
+        seconds, n = math.nan, 0
+    if not (math.isfinite(seconds) and low <= seconds <= high and n >= 0):
+        raise ValueError(f"{variable}={raw!r}; allowed: {seconds_allowed}, "
+                         f"optionally :N ({nth_allowed})")
     if n == 0:
-        return delay
-    _counts["ready_delay"] = _counts.get("ready_delay", 0) + 1
-    return delay if _counts["ready_delay"] == n else 0.0
+        return seconds
+    _counts[counter] = _counts.get(counter, 0) + 1
+    return seconds if _counts[counter] == n else 0.0
 
 
 def log_air(device: int, round_index: int, nonce: str | None) -> None:

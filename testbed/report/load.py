@@ -61,6 +61,16 @@ def as_float(value: Any) -> float | None:
     return None
 
 
+def _at(doc: Any, keys: tuple[str, ...]) -> Any:
+    """The value at mapping keys ``keys`` in ``doc``, ``None`` where one is absent."""
+    node: Any = doc
+    for k in keys:
+        if not isinstance(node, dict) or k not in node:
+            return None
+        node = node[k]
+    return node
+
+
 @dataclass
 class RunData:
     """What a run directory holds, as read (nothing derived beyond indexing).
@@ -107,12 +117,12 @@ class RunData:
     # -- settings ------------------------------------------------------------------------
     def setting(self, *keys: str) -> Any:
         """The config value at ``keys`` (``("privacy", "epsilon")``), ``None`` if absent."""
-        node: Any = self.config
-        for k in keys:
-            if not isinstance(node, dict) or k not in node:
-                return None
-            node = node[k]
-        return node
+        return _at(self.config, keys)
+
+    def applied(self, *keys: str) -> Any:
+        """``summary.json``'s value at ``keys`` (what the run applied: ``radios``,
+        ``fading``), ``None`` when absent (an older summary, or no radios)."""
+        return _at(self.summary, keys)
 
     @property
     def privacy(self) -> dict[str, Any]:

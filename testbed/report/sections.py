@@ -245,17 +245,6 @@ def _not_applied(run: RunData, why: str, *keys: tuple[str, str]) -> list[list[Ce
              label(f"{CONFIG}: compression.{key}")] for name, key in keys]
 
 
-def _applied(run: RunData, *keys: str) -> Any:
-    """``summary.json``'s value at ``keys`` (what the run applied: ``radios``, ``fading``),
-    ``None`` when absent (an older summary, or no radios)."""
-    node: Any = run.summary
-    for k in keys:
-        if not isinstance(node, dict) or k not in node:
-            return None
-        node = node[k]
-    return node
-
-
 def settings_table(run: RunData) -> Table:
     """The run's settings as its ``config.yaml`` holds them (and the link it used); the
     compression as applied, from ``summary.json``, where it says."""
@@ -275,7 +264,7 @@ def settings_table(run: RunData) -> Table:
             continue
         if name == "Rician K (dB)" and run.setting("fading") != "rician":
             continue
-        if path == ("fading",) and _applied(run, "fading", "model") is not None:
+        if path == ("fading",) and run.applied("fading", "model") is not None:
             name = "fading (experiment config; the applied one below)"
         if path == ("scheme_class",) and run.setting("scheme_class") is None:
             continue
@@ -293,7 +282,7 @@ def settings_table(run: RunData) -> Table:
             break
     for key, what in (("radios",), "radios"), (("fading", "model"), "fading applied"), \
             (("fading", "source"), "fading imposed by"), (("fading", "speed_kmh"), "speed (km/h)"):
-        if _applied(run, *key) is not None:
+        if run.applied(*key) is not None:
             t.rows.append([label(what), value_cell(run.summary, SUMMARY, key),
                            label(f"{SUMMARY}: {'.'.join(key)}")])
     if run.private:  # what was credited, which may be less than the configured fraction

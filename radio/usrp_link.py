@@ -29,11 +29,10 @@ from radio.framing import WaveformParams
 from radio.link import LinkError, LinkFailed, Reception
 from radio.time_sync import measure_offset
 from radio.uhd_probe import find_usrps
-from radio.usrp_stream import (  # noqa: F401 - BURST_MAGIC, burst_header, _RxRing re-exported
+from radio.usrp_stream import (  # noqa: F401 - BURST_MAGIC, burst_header re-exported
     BURST_MAGIC,
     RxStream,
     TxStream,
-    _RxRing,
     burst_header,
     scale_for_dac,
 )

@@ -347,10 +347,6 @@ class RxRing:
         self.sock.close(0)
 
 
-#: The former name (``radio.usrp_link`` re-exports it).
-_RxRing = RxRing
-
-
 class TxStream:
     """``flowgraphs/tx.py`` on one USRP, fed timed bursts over a ZMQ PUSH socket.
 

@@ -104,13 +104,13 @@ def target_noise_multiplier(cfg: ExperimentConfig, dataset_sizes: Sequence[int])
     ``q = batch_size / D_i`` (1 without secure sampling), ``rounds`` upload steps and the
     config's epsilon, delta, accountant and relation (as the runner does).
     """
-    from testbed.core.record_schemes import _calibrated_z
+    from testbed.core.record_schemes import calibrated_z
 
     pc = cfg.privacy
     if pc.noise_multiplier is not None:
         return float(pc.noise_multiplier)
     zs = [
-        _calibrated_z(
+        calibrated_z(
             cfg.batch_size / size if pc.secure_sampling else 1.0,
             cfg.rounds,
             pc.epsilon,

@@ -12,7 +12,8 @@ import zmq
 from radio.framing import WaveformParams
 from radio.link import LinkError
 from radio.uhd_probe import find_usrps
-from radio.usrp_link import UsrpLink, UsrpSettings, _RxRing, burst_header
+from radio.usrp_link import UsrpLink, UsrpSettings, burst_header
+from radio.usrp_stream import RxRing
 
 
 def test_usrp_link_refuses_clearly_without_a_device() -> None:
@@ -50,7 +51,7 @@ def test_rx_ring_keeps_absolute_sample_indices() -> None:
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     port = push.bind_to_random_port("tcp://127.0.0.1")
-    ring = _RxRing(f"tcp://127.0.0.1:{port}", capacity=1000)
+    ring = RxRing(f"tcp://127.0.0.1:{port}", capacity=1000)
     try:
         data = np.arange(2500, dtype=np.float32).astype(np.complex64)
         for chunk in np.array_split(data, 7):

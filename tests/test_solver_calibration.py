@@ -268,8 +268,8 @@ def test_calibrate_recovers_known_constants_from_synthetic_pilot_curves(
     """
     import testbed.runner
     from testbed.calibration_pilots import record_pilots
-    from testbed.cli.cmd_plan import count_params
     from testbed.cli.main import main
+    from testbed.cli.model_size import count_params
     from testbed.core.config.loader import load_experiment, load_hardware
     from testbed.core.run_setup import prepare_data
 

@@ -475,8 +475,14 @@ def test_twenty_receiver_gaps_cost_the_uploads_they_hit_not_the_run(tmp_path: Pa
         hit = {(d["device"], m["round"]) for m in metrics for d in m["devices"]
                if d.get("lost") and "a gap in the stream" in d.get("error", "")}
         assert hit, "no upload's window met a gap: the test checked nothing"
+        # a burst the device reported late (a loaded host) never left it: withdrawn, not
+        # charged, and not on the air
+        late = {(d["device"], m["round"]) for m in metrics for d in m["devices"]
+                if "not sent" in str(d.get("refused", ""))}
+        assert len(late) <= 3, f"{len(late)} late bursts: {sorted(late)}"
         charges = _charges(run / "ledger.jsonl")
-        assert charges == {(i, t): 1 for i in range(DEVICES) for t in range(rounds)}, charges
+        assert charges == {(i, t): 1 for i in range(DEVICES) for t in range(rounds)
+                           if (i, t) not in late}, charges
         for e in ledger_by_nonce(run / "ledger.jsonl").values():
             assert _credited(e) is ((e["device"], e["round"]) not in hit), e
         assert_ledgers_agree(run, {i: tmp_path / f"edge-{i}" for i in range(DEVICES)})

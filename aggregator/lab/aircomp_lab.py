@@ -90,7 +90,7 @@ def _serve_until(remote: RemoteDevices, t: int, end_s: float, stop: StopSignals,
         if got is None:
             continue
         if answers is not None:
-            remote._take(t, got, answers)
+            remote.take(t, got, answers)
         else:
             remote.plane.reject(got[0], f"{got[1].type} during round {t}'s pilots")
 
@@ -183,7 +183,7 @@ def lab_aircomp_round(
     # Paced by the edges: the shared slot is set once every participant is ready (or the
     # train allowance has passed); only the ready ones are journalled and get it.
     ready, answers = timer.timed("train", lambda: capture.await_ready(t, nonces, stop))
-    remote._pending, remote._settled = {}, {}
+    remote.start_requests()
     slot = None
     if ready:
         slot = capture.schedule(t, ready[:1], {ready[0]: n_slot},
@@ -193,7 +193,7 @@ def lab_aircomp_round(
         if i in ready:
             assert slot is not None
             nonce = book.begin(events[i], nonces[i]) if book is not None else nonces[i]
-            remote._pending[i] = (nonce, events[i])
+            remote.expect(i, nonce, events[i])
             remote.plane.send(i, "slot", {"round": t, "nonce": nonce,
                                           "tx_time_s": slot.start_s})
         elif i not in answers:
@@ -212,7 +212,7 @@ def lab_aircomp_round(
             y = decode_sum(rec, c)
         except LinkError as exc:  # LinkFailed (a dead receiver) propagates
             log.warning("round %d: the shared slot's frame was lost: %s", t, exc)
-        remote._collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
+        remote.collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
     return _settle(remote, air, t, c, order, events, answers, y, timer)
 
 
@@ -222,7 +222,7 @@ def _settle(remote: RemoteDevices, air: AirCompRound, t: int, c: float, order: l
             ) -> tuple[dict[int, dict[str, Any]], np.ndarray | None, list[float], dict[str, Any]]:
     """Record what the round was worth (module docstring, step 5), keep it, report it."""
     state, book = remote.state, remote.state.book
-    pending = dict(remote._pending)  # a device that rejoined mid-round was settled already
+    pending = remote.open_requests()  # a device that rejoined mid-round was settled already
     sent = [i for i in order if i in pending and i in answers
             and answers[i].type == "upload" and answers[i]["on_air"]]
     refused = [i for i in order if i in pending and i in answers and i not in sent]
@@ -248,7 +248,7 @@ def _settle(remote: RemoteDevices, air: AirCompRound, t: int, c: float, order: l
     for i in [*sent, *unknown]:
         if with_book:
             book.commit(final[i], pending[i][0])  # type: ignore[union-attr]
-    remote._pending = {}
+    remote.close_requests()
     fault_point("after_commit")
     for i in sent:
         remote.acknowledge(t, i, pending[i][0], final[i])

@@ -47,6 +47,7 @@ from aggregator.devices import (
     Undecodable,
     Upload,
 )
+from aggregator.lab.aircomp_lab import lab_aircomp_round
 from aggregator.lab.control_plane import ControlPlane
 from aggregator.lab.secagg_server import DEFAULT_PHASE_TIMEOUT_S, LabSecAggRound
 from aggregator.lab.usrp_capture import SlotCapture
@@ -255,7 +256,7 @@ class RemoteDevices:
             self._send_round(t, i, nonce, event, weights, await_slot=False)
         fault_point("lab_after_request")
         answers: dict[int, Message] = {}
-        self._collect(t, answers, time.monotonic() + self.round_timeout_s, stop)
+        self.collect(t, answers, time.monotonic() + self.round_timeout_s, stop)
         for i in order:
             if i in self._settled:
                 yield Answered(i, None, Settled(self._settled[i]))
@@ -315,9 +316,9 @@ class RemoteDevices:
         receptions: dict[int, Reception | LinkError] = {}
         if slots:
             receptions, self._failure = capture.capture(
-                t, slots, self._pending, answers, self._take, stop, timer)
+                t, slots, self._pending, answers, self.take, stop, timer)
             self._round_fields["tdma_guard_s"] = next(iter(slots.values())).guard_s
-            self._collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
+            self.collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
         for i in order:
             if i in self._settled:
                 yield Answered(i, None, Settled(self._settled[i]))
@@ -330,8 +331,8 @@ class RemoteDevices:
                                                            receptions.get(i)))
         self._pending = {}
 
-    def _take(self, t: int, got: tuple[int, Message] | None, answers: dict[int, Message]
-              ) -> None:
+    def take(self, t: int, got: tuple[int, Message] | None, answers: dict[int, Message]
+             ) -> None:
         """Keep a polled ``upload``/``refuse`` that answers this round's request."""
         if got is None:
             return
@@ -343,13 +344,34 @@ class RemoteDevices:
             return
         answers[device] = msg
 
-    def _collect(self, t: int, answers: dict[int, Message], deadline: float,
-                 stop: StopSignals) -> None:
+    def collect(self, t: int, answers: dict[int, Message], deadline: float,
+                stop: StopSignals) -> None:
         """Poll until every pending device answered or the (monotonic) ``deadline``."""
         while any(i not in answers for i in self._pending) and time.monotonic() < deadline:
             stop.check()
-            self._take(t, self.plane.poll(min(0.2, max(0.0, deadline - time.monotonic()))),
-                       answers)
+            self.take(t, self.plane.poll(min(0.2, max(0.0, deadline - time.monotonic()))),
+                      answers)
+
+    # -- the round's open authorizations, for a round run outside ``ask`` (scheme aircomp:
+    # :mod:`aggregator.lab.aircomp_lab`) -----------------------------------------------------
+    def start_requests(self) -> None:
+        """Begin a round's requests: no authorization open, no device settled on rejoining."""
+        self._pending, self._settled = {}, {}
+
+    def expect(self, device: int, nonce: str, event: PrivacyEvent) -> None:
+        """``device``'s upload is authorized (its intent journalled under ``nonce`` for the
+        gated ``event``): its answer is awaited (:meth:`take`), and should it rejoin before
+        the round is settled, its intent is settled then."""
+        self._pending[device] = (nonce, event)
+
+    def open_requests(self) -> dict[int, tuple[str, PrivacyEvent]]:
+        """A copy of the round's open authorizations, device -> ``(nonce, gated event)``; a
+        device that rejoined mid-round was settled then and is not in it."""
+        return dict(self._pending)
+
+    def close_requests(self) -> None:
+        """The round's authorizations are settled: none is open any more."""
+        self._pending = {}
 
     def check_answer(self, t: int, i: int, msg: Message | None,
                 received: Reception | LinkError | None) -> Answer:
@@ -423,8 +445,6 @@ class RemoteDevices:
     ) -> tuple[dict[int, dict[str, Any]], np.ndarray | None, list[float], dict[str, Any]] | None:
         """Scheme ``aircomp``: round ``t`` with every participant in one slot
         (:func:`aggregator.lab.aircomp_lab.lab_aircomp_round`)."""
-        from aggregator.lab.aircomp_lab import lab_aircomp_round
-
         if self.capture is None:
             raise RuntimeError("scheme aircomp in a lab run needs the usrp link")
         return lab_aircomp_round(self, link, t, asked, stop, timer)

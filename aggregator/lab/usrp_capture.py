@@ -45,7 +45,7 @@ log = logging.getLogger("testbed.aggregator")
 #: its ``upload`` as soon as its burst is queued, before it is on air).
 ANSWER_GRACE_S = 2.0
 
-#: Keeps a polled message that answers the round (the remote devices' ``_take``).
+#: Keeps a polled message that answers the round (the remote devices' ``take``).
 Take = Callable[[int, tuple[int, Message] | None, dict[int, Message]], None]
 
 

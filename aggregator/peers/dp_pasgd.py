@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from aggregator.peers.dp_pasgd_accounting import (
-    _delta,
-    _eps,
-    _integer,
-    _real,
+    check_delta,
+    check_epsilon,
+    check_int,
+    check_real,
     paper_epsilon,
     paper_noise_multiplier,
     rho_star,
@@ -44,8 +44,8 @@ _RELAXED_GRID = 4000
 # ---------------------------------------------------------------------------- resource model
 def resource_cost(K: int, tau: int, *, c1: float = 100.0, c2: float = 1.0) -> float:
     """Eq. (8): ``c1 K / tau + c2 K`` (communication per round, computation per step)."""
-    K, tau = _integer("K", K), _integer("tau", tau)
-    return _real("c1", c1, low_open=False) * K / tau + _real("c2", c2) * K
+    K, tau = check_int("K", K), check_int("tau", tau)
+    return check_real("c1", c1, low_open=False) * K / tau + check_real("c2", c2) * K
 
 
 def tau_star(K: float, C_th: float, *, c1: float = 100.0, c2: float = 1.0) -> float:
@@ -53,14 +53,14 @@ def tau_star(K: float, C_th: float, *, c1: float = 100.0, c2: float = 1.0) -> fl
 
     ``K`` real in ``(0, C_th / c2)``. The planner uses the smallest feasible integer above it.
     """
-    C_th, c2 = _real("C_th", C_th), _real("c2", c2)
-    K = _real("K", K, high=C_th / c2)
-    return _real("c1", c1, low_open=False) * K / (C_th - c2 * K)
+    C_th, c2 = check_real("C_th", C_th), check_real("c2", c2)
+    K = check_real("K", K, high=C_th / c2)
+    return check_real("c1", c1, low_open=False) * K / (C_th - c2 * K)
 
 
 def max_period(learning_rate: float, smoothness: float) -> int:
     """Largest integer ``tau`` with ``eta L + eta^2 L^2 tau (tau - 1) <= 1`` (eq. 21e)."""
-    eta_l = _real("learning_rate", learning_rate) * _real("smoothness", smoothness)
+    eta_l = check_real("learning_rate", learning_rate) * check_real("smoothness", smoothness)
     if eta_l > 1.0:
         raise ValueError(f"learning_rate={learning_rate!r} gives learning_rate * smoothness = "
                          f"{eta_l:g}; (21e) needs it in (0, 1]")
@@ -106,13 +106,13 @@ class BoundConstants:
     initial_gap: float
 
     def __post_init__(self) -> None:
-        _integer("d", self.d)
-        _integer("num_devices", self.num_devices)
-        smooth = _real("smoothness", self.smoothness)
-        _real("strong_convexity", self.strong_convexity, high=smooth, high_open=False)
+        check_int("d", self.d)
+        check_int("num_devices", self.num_devices)
+        smooth = check_real("smoothness", self.smoothness)
+        check_real("strong_convexity", self.strong_convexity, high=smooth, high_open=False)
         max_period(self.learning_rate, smooth)  # validates learning_rate
-        _real("grad_variance", self.grad_variance, low_open=False)
-        _real("initial_gap", self.initial_gap, low_open=False)
+        check_real("grad_variance", self.grad_variance, low_open=False)
+        check_real("initial_gap", self.initial_gap, low_open=False)
 
     def floor(self, tau: Any, sigma2: Any) -> Any:
         """Eq. (13)/(21b): ``B = (eta L + eta^2 L^2 (tau-1) M)/(2 lambda M) (xi^2 + d sigma^2)``."""
@@ -135,13 +135,13 @@ def convergence_bound(K: int, tau: int, sigma: float, constants: BoundConstants)
     ``K`` must be a multiple of ``tau`` (the theorem's assumption); ``sigma`` is the noise
     std per coordinate (every device the same).
     """
-    K, tau = _integer("K", K), _integer("tau", tau)
+    K, tau = check_int("K", K), check_int("tau", tau)
     if K % tau:
         raise ValueError(f"K={K} must be a multiple of tau={tau} (Theorem 1)")
     if tau > max_period(constants.learning_rate, constants.smoothness):
         raise ValueError(f"tau={tau} violates (21e) for learning_rate="
                          f"{constants.learning_rate!r}, smoothness={constants.smoothness!r}")
-    sigma = _real("sigma", sigma, low_open=False)
+    sigma = check_real("sigma", sigma, low_open=False)
     return float(constants.bound(float(K), float(tau), sigma * sigma))
 
 
@@ -294,14 +294,14 @@ def plan_dp_pasgd(eps: float, delta: float, C_th: float, *, c1: float = 100.0,
     ValueError
         Naming the argument, its value and the allowed range.
     """
-    eps, delta = _eps(eps), _delta(delta)
-    c1 = _real("c1", c1, low_open=False)
-    c2 = _real("c2", c2)
-    C_th = _real("C_th", C_th, low=c1 + c2, low_open=False)
+    eps, delta = check_epsilon(eps), check_delta(delta)
+    c1 = check_real("c1", c1, low_open=False)
+    c2 = check_real("c2", c2)
+    C_th = check_real("C_th", C_th, low=c1 + c2, low_open=False)
     if (C_th - c1) / c2 > MAX_PLANNED_STEPS:
         raise ValueError(f"C_th={C_th!r} allows up to {(C_th - c1) / c2:.3g} local steps; the "
                          f"exhaustive search takes C_th <= c1 + c2 * {MAX_PLANNED_STEPS}")
-    G, X = _real("G", G), _real("X", X)
+    G, X = check_real("G", G), check_real("X", X)
     constants = BoundConstants(d, num_devices, smoothness, strong_convexity, learning_rate,
                                grad_variance, initial_gap)
     tau_cap = max_period(learning_rate, smoothness)

@@ -20,7 +20,7 @@ Next to it, the testbed's own figure for the same mechanism (``dp_accounting``, 
 and for its record-level variant with secret Poisson sampling. Derivations and the planner's
 rounding: ``docs/peers/dp-pasgd.md``. The resource-constrained planner that calibrates its noise
 with these formulas is :mod:`aggregator.peers.dp_pasgd`; it shares the argument checks
-(``_real``, ``_integer``, ``_delta``, ``_eps``) defined here.
+(``check_real``, ``check_int``, ``check_delta``, ``check_epsilon``) defined here.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ PLD_DISCRETIZATION = 1e-3
 
 
 # ---------------------------------------------------------------------------- validation
-def _real(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
-          high: float = math.inf, high_open: bool = True) -> float:
+def check_real(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
+               high: float = math.inf, high_open: bool = True) -> float:
     """``value`` as a float if it is a real number in the given interval, else ValueError."""
     left, right = "(" if low_open else "[", ")" if high_open else "]"
     interval = f"{left}{low:g}, {high:g}{right}"
@@ -51,18 +51,21 @@ def _real(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
     return v
 
 
-def _integer(name: str, value: Any, *, low: int = 1) -> int:
+def check_int(name: str, value: Any, *, low: int = 1) -> int:
+    """``value`` as an int if it is an integer ``>= low``, else ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name}={value!r} must be an integer >= {low}")
     return int(value)
 
 
-def _delta(value: Any) -> float:
-    return _real("delta", value, low=0.0, high=1.0)
+def check_delta(value: Any) -> float:
+    """``value`` as a float in ``(0, 1)``, else ``ValueError``."""
+    return check_real("delta", value, low=0.0, high=1.0)
 
 
-def _eps(value: Any) -> float:
-    return _real("eps", value)
+def check_epsilon(value: Any) -> float:
+    """``value`` as a float ``> 0``, else ``ValueError``."""
+    return check_real("eps", value)
 
 
 # ---------------------------------------------------------------------------- paper accounting
@@ -84,8 +87,8 @@ def rho_per_step(G: float, X: float, sigma: float) -> float:
     float
         rho in nats (zCDP), replace-one neighbours.
     """
-    G, X = _real("G", G), _real("X", X)
-    sigma = _real("sigma", sigma, low_open=False)
+    G, X = check_real("G", G), check_real("X", X)
+    sigma = check_real("sigma", sigma, low_open=False)
     if sigma == 0.0:
         return math.inf
     return 2.0 * G * G / (X * X * sigma * sigma)
@@ -93,7 +96,7 @@ def rho_per_step(G: float, X: float, sigma: float) -> float:
 
 def rho_total(K: int, G: float, X: float, sigma: float) -> float:
     """zCDP of ``K`` local steps (additive composition): ``2 K G^2 / (X^2 sigma^2)``."""
-    return _integer("K", K) * rho_per_step(G, X, sigma)
+    return check_int("K", K) * rho_per_step(G, X, sigma)
 
 
 def zcdp_to_eps(rho: float, delta: float) -> float:
@@ -101,8 +104,8 @@ def zcdp_to_eps(rho: float, delta: float) -> float:
 
     Bun and Steinke 2016, Prop. 1.3 (the paper's Lemma 3). ``rho`` in ``[0, inf]``.
     """
-    rho = _real("rho", rho, low_open=False, high_open=False)
-    log_inv = -math.log(_delta(delta))
+    rho = check_real("rho", rho, low_open=False, high_open=False)
+    log_inv = -math.log(check_delta(delta))
     if math.isinf(rho):
         return math.inf
     return rho + 2.0 * math.sqrt(rho * log_inv)
@@ -114,7 +117,7 @@ def rho_star(eps: float, delta: float) -> float:
     ``sqrt(rho) = sqrt(L + eps) - sqrt(L)`` with ``L = log(1/delta)``, evaluated as
     ``eps^2 / (sqrt(L + eps) + sqrt(L))^2`` (no cancellation for small ``eps``).
     """
-    eps, log_inv = _eps(eps), -math.log(_delta(delta))
+    eps, log_inv = check_epsilon(eps), -math.log(check_delta(delta))
     root_sum = math.sqrt(log_inv + eps) + math.sqrt(log_inv)
     return eps * eps / (root_sum * root_sum)
 
@@ -127,7 +130,7 @@ def rho_star_printed(eps: float, delta: float) -> float:
     ``eps^2 / rho_star(eps, delta)`` and ``zcdp_to_eps(Z, delta) = eps + 4L + 4 sqrt(L (L +
     eps)) > eps``: not a valid inverse. Never use it to calibrate noise.
     """
-    eps, log_inv = _eps(eps), -math.log(_delta(delta))
+    eps, log_inv = check_epsilon(eps), -math.log(check_delta(delta))
     return eps + 2.0 * log_inv + 2.0 * math.sqrt(log_inv * log_inv + eps * log_inv)
 
 
@@ -138,8 +141,8 @@ def sigma_for(eps: float, delta: float, K: int, G: float, X: float) -> float:
     would put ``rho_total(K, G, X, sigma)`` above ``rho*`` or its epsilon above ``eps``: the
     returned value never overshoots the target.
     """
-    K = _integer("K", K)
-    G, X = _real("G", G), _real("X", X)
+    K = check_int("K", K)
+    G, X = check_real("G", G), check_real("X", X)
     target = rho_star(eps, delta)
     sigma = (G / X) * math.sqrt(2.0 * K / target)
     for _ in range(64):
@@ -157,7 +160,8 @@ def paper_epsilon(K: int, G: float, X: float, sigma: float, delta: float) -> flo
 
 def paper_noise_multiplier(sigma: float, G: float, X: float) -> float:
     """``sigma / (2G/X)``: noise std over the paper's (replace-one) sensitivity."""
-    return _real("sigma", sigma, low_open=False) * _real("X", X) / (2.0 * _real("G", G))
+    sigma = check_real("sigma", sigma, low_open=False)
+    return sigma * check_real("X", X) / (2.0 * check_real("G", G))
 
 
 # ---------------------------------------------------------------------------- testbed figure
@@ -197,9 +201,9 @@ def testbed_epsilon(K: int, noise_multiplier: float, delta: float,
 
     from testbed.core.privacy.record_rdp import ORDERS
 
-    K = _integer("K", K)
-    z = _real("noise_multiplier", noise_multiplier)
-    delta = _delta(delta)
+    K = check_int("K", K)
+    z = check_real("noise_multiplier", noise_multiplier)
+    delta = check_delta(delta)
     if _accountant(accountant) == "rdp":
         event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), K)
         acc: Any = rdp.RdpAccountant(orders=list(ORDERS))
@@ -244,8 +248,8 @@ def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta:
     """
     from testbed.core.privacy.record_planning import record_epsilon_for
 
-    K = _integer("K", K)
-    q = _real("q", q, high=1.0, high_open=False)
-    z = _real("noise_multiplier", noise_multiplier)
-    return record_epsilon_for(q=q, z=z, steps=K, delta=_delta(delta),
+    K = check_int("K", K)
+    q = check_real("q", q, high=1.0, high_open=False)
+    z = check_real("noise_multiplier", noise_multiplier)
+    return record_epsilon_for(q=q, z=z, steps=K, delta=check_delta(delta),
                               accountant=_accountant(accountant), relation=relation).epsilon

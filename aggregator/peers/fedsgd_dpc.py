@@ -25,8 +25,8 @@ from typing import Any, Literal
 from aggregator.peers.fedsgd_dpc_accounting import (
     DEFAULT_C2,
     Mechanism,
-    _choice,
-    _int,
+    check_choice,
+    check_int,
     gaussian_epsilon_per_reply,
     gaussian_sigma,
     laplace_epsilon_per_reply,
@@ -36,12 +36,12 @@ from aggregator.peers.fedsgd_dpc_accounting import (
 )
 from aggregator.peers.fedsgd_dpc_bound import (
     ConvergenceConstants,
-    _head,
-    _noise_kappa,
-    _objective,
-    _Problem,
-    _problem,
+    PlanningProblem,
+    head_term,
+    noise_kappa,
+    objective,
     optimal_rounds,
+    planning_problem,
 )
 
 # ------------------------------------------------------------------------------ planner
@@ -103,10 +103,10 @@ class DpcPlan:
         return out
 
 
-def _integer_rounds(pb: _Problem, b: int, t_cont: float) -> int:
+def _integer_rounds(pb: PlanningProblem, b: int, t_cont: float) -> int:
     """The integer ``T >= 1`` minimising the convex ``U(., b)``: floor or ceil of ``T*``."""
     lo = max(1, math.floor(t_cont))
-    return min((lo, lo + 1), key=lambda t: (_objective(pb, t, b), t))
+    return min((lo, lo + 1), key=lambda t: (objective(pb, t, b), t))
 
 
 def plan_fedsgd_dpc(epsilon: float, delta: float, N: int, mechanism: Mechanism = "laplace",
@@ -156,26 +156,27 @@ def plan_fedsgd_dpc(epsilon: float, delta: float, N: int, mechanism: Mechanism =
     where = "plan_fedsgd_dpc"
     if constants is None:
         raise ValueError(f"{where}: constants=None: a ConvergenceConstants is required")
-    pb = _problem(where, epsilon, delta, N, mechanism, constants, dim, n_samples, clip, q, c2)
-    t_fix = None if T_fixed is None else _int(where, "T_fixed", T_fixed, 1)
-    search = _choice(where, "b_search", b_search, ("paper", "all"))
+    pb = planning_problem(where, epsilon, delta, N, mechanism, constants, dim, n_samples, clip,
+                          q, c2)
+    t_fix = None if T_fixed is None else check_int(where, "T_fixed", T_fixed, 1)
+    search = check_choice(where, "b_search", b_search, ("paper", "all"))
     gamma = constants.gamma
     cands: list[tuple[int, int, float, float]] = []
     for b in (sorted({1, pb.N}) if search == "paper" else range(1, pb.N + 1)):
         if pb.mechanism == "laplace":
-            a1 = _head(pb, b) - gamma * constants.initial_gap
-            a2 = _noise_kappa(pb) * b / (constants.strong_convexity**2 * pb.epsilon**2)
+            a1 = head_term(pb, b) - gamma * constants.initial_gap
+            a2 = noise_kappa(pb) * b / (constants.strong_convexity**2 * pb.epsilon**2)
             t_cont = optimal_rounds(a1, a2, gamma, constants.initial_gap)
         else:
-            e3 = (_noise_kappa(pb) * math.log(1.0 / pb.delta)
+            e3 = (noise_kappa(pb) * math.log(1.0 / pb.delta)
                   / (constants.strong_convexity * pb.epsilon) ** 2)
-            t_cont = math.inf if _head(pb, b) > gamma * e3 else 0.0
+            t_cont = math.inf if head_term(pb, b) > gamma * e3 else 0.0
             if t_fix is None:
                 raise ValueError(
                     f"{where}: T_fixed=None: for the Gaussian mechanism the bound is monotone "
                     f"in T (T* = {t_cont}); give T_fixed >= 1 (the paper uses 100)")
         t_int = t_fix if t_fix is not None else _integer_rounds(pb, b, t_cont)
-        cands.append((b, t_int, _objective(pb, t_int, b), t_cont))
+        cands.append((b, t_int, objective(pb, t_int, b), t_cont))
     b_best, t_best, u_best, t_cont_best = min(cands, key=lambda c: (c[2], c[0]))
     r = replies_per_client(t_best, b_best, pb.N)
     r_max = int(replies_per_client(t_best, b_best, pb.N, count="round_robin"))

@@ -15,8 +15,8 @@ over. Everything here is a pure function of its arguments; randomness never ente
 * :func:`testbed_epsilon`: the same noise composed by ``dp-accounting`` (PLD or RDP) over a
   reply count that bounds every client's replies (``ceil(b T / N)`` under round robin).
 
-Also the scheme's argument checks (``_real``, ``_int``, ``_choice``), shared with the
-convergence bound (:mod:`aggregator.peers.fedsgd_dpc_bound`), the planner
+Also the scheme's argument checks (``check_real``, ``check_int``, ``check_choice``), shared
+with the convergence bound (:mod:`aggregator.peers.fedsgd_dpc_bound`), the planner
 (:mod:`aggregator.peers.fedsgd_dpc`) and the pilot fit
 (:mod:`aggregator.peers.fedsgd_dpc_pilot_fit`).
 
@@ -52,8 +52,8 @@ def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
     return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
-def _real(where: str, name: str, value: object, low: float = -math.inf,
-          high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> float:
+def check_real(where: str, name: str, value: object, low: float = -math.inf,
+               high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> float:
     """``value`` as a finite float in the interval, else ``ValueError`` naming all three."""
     span = _interval(low, high, low_open or math.isinf(low), high_open or math.isinf(high))
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
@@ -66,7 +66,9 @@ def _real(where: str, name: str, value: object, low: float = -math.inf,
     return v
 
 
-def _int(where: str, name: str, value: object, low: int, high: float = math.inf) -> int:
+def check_int(where: str, name: str, value: object, low: int, high: float = math.inf) -> int:
+    """``value`` as an int in ``[low, high]``, else ``ValueError`` naming ``where`` and
+    ``name``."""
     span = f"[{low}, {'inf)' if math.isinf(high) else f'{int(high)}]'}"
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ValueError(f"{where}: {name}={value!r} must be an integer in {span}")
@@ -75,7 +77,9 @@ def _int(where: str, name: str, value: object, low: int, high: float = math.inf)
     return int(value)
 
 
-def _choice(where: str, name: str, value: object, allowed: Sequence[str]) -> str:
+def check_choice(where: str, name: str, value: object, allowed: Sequence[str]) -> str:
+    """``value`` if it is one of ``allowed``, else ``ValueError`` naming ``where`` and
+    ``name``."""
     if value not in allowed:
         raise ValueError(f"{where}: {name}={value!r} is not one of {tuple(allowed)}")
     return str(value)
@@ -103,10 +107,10 @@ def replies_per_client(T: int, b: int, N: int, *, count: ReplyCount = "expected"
         The count (an integer value except for ``"expected"``).
     """
     where = "replies_per_client"
-    N = _int(where, "N", N, 2)
-    b = _int(where, "b", b, 1, N)
-    T = _int(where, "T", T, 1)
-    count = _choice(where, "count", count, REPLY_COUNTS)  # type: ignore[assignment]
+    N = check_int(where, "N", N, 2)
+    b = check_int(where, "b", b, 1, N)
+    T = check_int(where, "T", T, 1)
+    count = check_choice(where, "count", count, REPLY_COUNTS)  # type: ignore[assignment]
     if count == "expected":
         return b * T / N
     if count == "round_robin":
@@ -116,8 +120,8 @@ def replies_per_client(T: int, b: int, N: int, *, count: ReplyCount = "expected"
 
 def linear_composition(eps_per_reply: float, replies: float) -> float:
     """Basic composition: ``replies`` pure-DP releases of ``eps_per_reply`` each (nats)."""
-    eps = _real("linear_composition", "eps_per_reply", eps_per_reply, 0.0)
-    r = _real("linear_composition", "replies", replies, 0.0)
+    eps = check_real("linear_composition", "eps_per_reply", eps_per_reply, 0.0)
+    r = check_real("linear_composition", "replies", replies, 0.0)
     return eps * r
 
 
@@ -139,9 +143,9 @@ def laplace_epsilon_per_reply(scale: float, *, clip_l1: float, local_size: float
         ``(2 xi_1 / d_i) / scale``: the l1 sensitivity of the average under replace-one.
     """
     where = "laplace_epsilon_per_reply"
-    s = _real(where, "scale", scale, 0.0, low_open=True)
-    xi = _real(where, "clip_l1", clip_l1, 0.0, low_open=True)
-    d_i = _real(where, "local_size", local_size, 0.0, low_open=True)
+    s = check_real(where, "scale", scale, 0.0, low_open=True)
+    xi = check_real(where, "clip_l1", clip_l1, 0.0, low_open=True)
+    d_i = check_real(where, "local_size", local_size, 0.0, low_open=True)
     return 2.0 * xi / (d_i * s)
 
 
@@ -153,9 +157,9 @@ def laplace_scale(epsilon: float, *, T: int, b: int, N: int, clip_l1: float,
     Inverse of :func:`laplace_epsilon_total`. Units as :func:`laplace_epsilon_per_reply`.
     """
     where = "laplace_scale"
-    eps = _real(where, "epsilon", epsilon, 0.0, low_open=True)
-    xi = _real(where, "clip_l1", clip_l1, 0.0, low_open=True)
-    d_i = _real(where, "local_size", local_size, 0.0, low_open=True)
+    eps = check_real(where, "epsilon", epsilon, 0.0, low_open=True)
+    xi = check_real(where, "clip_l1", clip_l1, 0.0, low_open=True)
+    d_i = check_real(where, "local_size", local_size, 0.0, low_open=True)
     r = replies_per_client(T, b, N, count=count)
     return 2.0 * r * xi / (d_i * eps)
 
@@ -192,11 +196,11 @@ def gaussian_sigma(epsilon: float, delta: float, *, T: int, b: int, N: int, clip
         Gaussian std per coordinate on the averaged gradient.
     """
     where = "gaussian_sigma"
-    eps = _real(where, "epsilon", epsilon, 0.0, low_open=True)
-    dl = _real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
-    xi = _real(where, "clip_l2", clip_l2, 0.0, low_open=True)
-    d_i = _real(where, "local_size", local_size, 0.0, low_open=True)
-    c = _real(where, "c2", c2, 0.0, low_open=True)
+    eps = check_real(where, "epsilon", epsilon, 0.0, low_open=True)
+    dl = check_real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    xi = check_real(where, "clip_l2", clip_l2, 0.0, low_open=True)
+    d_i = check_real(where, "local_size", local_size, 0.0, low_open=True)
+    c = check_real(where, "c2", c2, 0.0, low_open=True)
     r = replies_per_client(T, b, N, count=count)
     return c * xi * math.sqrt(r * math.log(1.0 / dl)) / (d_i * eps)
 
@@ -210,11 +214,11 @@ def gaussian_epsilon_total(sigma: float, delta: float, *, T: int, b: int, N: int
     for ``eps < c1 q^2 T`` with an unnamed ``c1``; see :func:`moments_accountant_regime`.
     """
     where = "gaussian_epsilon_total"
-    s = _real(where, "sigma", sigma, 0.0, low_open=True)
-    dl = _real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
-    xi = _real(where, "clip_l2", clip_l2, 0.0, low_open=True)
-    d_i = _real(where, "local_size", local_size, 0.0, low_open=True)
-    c = _real(where, "c2", c2, 0.0, low_open=True)
+    s = check_real(where, "sigma", sigma, 0.0, low_open=True)
+    dl = check_real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    xi = check_real(where, "clip_l2", clip_l2, 0.0, low_open=True)
+    d_i = check_real(where, "local_size", local_size, 0.0, low_open=True)
+    c = check_real(where, "c2", c2, 0.0, low_open=True)
     r = replies_per_client(T, b, N, count=count)
     return c * xi * math.sqrt(r * math.log(1.0 / dl)) / (d_i * s)
 
@@ -234,10 +238,10 @@ def gaussian_noise_multiplier(sigma: float, *, q: float, clip_l2: float,
     (docs/privacy.md 10.1), so adding or removing a record moves it by ``<= xi_2 / (q d_i)``.
     """
     where = "gaussian_noise_multiplier"
-    s = _real(where, "sigma", sigma, 0.0)
-    qq = _real(where, "q", q, 0.0, 1.0, low_open=True)
-    xi = _real(where, "clip_l2", clip_l2, 0.0, low_open=True)
-    d_i = _real(where, "local_size", local_size, 0.0, low_open=True)
+    s = check_real(where, "sigma", sigma, 0.0)
+    qq = check_real(where, "q", q, 0.0, 1.0, low_open=True)
+    xi = check_real(where, "clip_l2", clip_l2, 0.0, low_open=True)
+    d_i = check_real(where, "local_size", local_size, 0.0, low_open=True)
     return s * qq * d_i / xi
 
 
@@ -250,10 +254,10 @@ def moments_accountant_regime(*, q: float, noise_multiplier: float, epsilon: flo
     paper's own setting (``q = 0.01``, ``b = N``, ``T = 100``, ``eps = 1``) is outside it.
     """
     where = "moments_accountant_regime"
-    qq = _real(where, "q", q, 0.0, 1.0, low_open=True)
-    z = _real(where, "noise_multiplier", noise_multiplier, 0.0, low_open=True)
-    eps = _real(where, "epsilon", epsilon, 0.0, low_open=True)
-    dl = _real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    qq = check_real(where, "q", q, 0.0, 1.0, low_open=True)
+    z = check_real(where, "noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    eps = check_real(where, "epsilon", epsilon, 0.0, low_open=True)
+    dl = check_real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     if z < 1.0 or qq >= 1.0 / (16.0 * z):
         return False
     return 2.0 * math.log(1.0 / dl) / eps <= z * z * math.log(1.0 / (qq * z))
@@ -308,20 +312,20 @@ def testbed_epsilon(*, mechanism: Mechanism, noise_scale: float, T: int, b: int,
         Epsilon (nats) at ``delta`` for one client, record level.
     """
     where = "testbed_epsilon"
-    mech = _choice(where, "mechanism", mechanism, MECHANISMS)
-    s = _real(where, "noise_scale", noise_scale, 0.0, low_open=True)
-    xi = _real(where, "clip", clip, 0.0, low_open=True)
-    d_i = _real(where, "local_size", local_size, 0.0, low_open=True)
-    dl = _real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
-    acc = _choice(where, "accountant", accountant, ("pld", "rdp"))
-    rel = _choice(where, "relation", relation, ("add-remove", "replace-one"))
-    cnt = _choice(where, "count", count, ("round_robin", "worst_case"))
-    disc = _real(where, "pld_discretization", pld_discretization, 0.0, 0.1, low_open=True)
+    mech = check_choice(where, "mechanism", mechanism, MECHANISMS)
+    s = check_real(where, "noise_scale", noise_scale, 0.0, low_open=True)
+    xi = check_real(where, "clip", clip, 0.0, low_open=True)
+    d_i = check_real(where, "local_size", local_size, 0.0, low_open=True)
+    dl = check_real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    acc = check_choice(where, "accountant", accountant, ("pld", "rdp"))
+    rel = check_choice(where, "relation", relation, ("add-remove", "replace-one"))
+    cnt = check_choice(where, "count", count, ("round_robin", "worst_case"))
+    disc = check_real(where, "pld_discretization", pld_discretization, 0.0, 0.1, low_open=True)
     replies = int(replies_per_client(T, b, N, count=cnt))  # type: ignore[arg-type]
     if mech == "gaussian":
         if q is None:
             raise ValueError(f"{where}: q=None: the Gaussian mechanism needs q in (0, 1]")
-        z = gaussian_noise_multiplier(s, q=_real(where, "q", q, 0.0, 1.0, low_open=True),
+        z = gaussian_noise_multiplier(s, q=check_real(where, "q", q, 0.0, 1.0, low_open=True),
                                       clip_l2=xi, local_size=d_i)
         return record_epsilon_for(q=float(q), z=z, steps=replies, delta=dl, accountant=acc,
                                   relation=rel, pld_discretization=disc).epsilon

@@ -19,9 +19,9 @@ from aggregator.peers.fedsgd_dpc_accounting import (
     DEFAULT_C2,
     MECHANISMS,
     Mechanism,
-    _choice,
-    _int,
-    _real,
+    check_choice,
+    check_int,
+    check_real,
 )
 
 # ------------------------------------------------------------------- convergence bound
@@ -57,15 +57,15 @@ class ConvergenceConstants:
 
     def __post_init__(self) -> None:
         where = "ConvergenceConstants"
-        lam = _real(where, "smoothness", self.smoothness, 0.0, low_open=True)
+        lam = check_real(where, "smoothness", self.smoothness, 0.0, low_open=True)
         checked = {
             "smoothness": lam,
-            "strong_convexity": _real(where, "strong_convexity", self.strong_convexity, 0.0,
-                                      lam, low_open=True),
-            "grad_bound": _real(where, "grad_bound", self.grad_bound, 0.0),
-            "non_iid": _real(where, "non_iid", self.non_iid, 0.0),
-            "initial_gap": _real(where, "initial_gap", self.initial_gap, 0.0),
-            "local_variance": _real(where, "local_variance", self.local_variance, 0.0),
+            "strong_convexity": check_real(where, "strong_convexity", self.strong_convexity, 0.0,
+                                           lam, low_open=True),
+            "grad_bound": check_real(where, "grad_bound", self.grad_bound, 0.0),
+            "non_iid": check_real(where, "non_iid", self.non_iid, 0.0),
+            "initial_gap": check_real(where, "initial_gap", self.initial_gap, 0.0),
+            "local_variance": check_real(where, "local_variance", self.local_variance, 0.0),
         }
         for name, value in checked.items():  # plain floats, not numpy scalars
             object.__setattr__(self, name, value)
@@ -77,7 +77,7 @@ class ConvergenceConstants:
 
     def learning_rate(self, t: int) -> float:
         """Theorem 3's step size ``eta_t = 2 / (mu (t + gamma))``; ``eta_0 = 1 / lambda``."""
-        return 2.0 / (self.strong_convexity * (_int("learning_rate", "t", t, 0) + self.gamma))
+        return 2.0 / (self.strong_convexity * (check_int("learning_rate", "t", t, 0) + self.gamma))
 
     def to_dict(self) -> dict[str, float]:
         """Plain floats, with ``gamma``."""
@@ -88,7 +88,7 @@ class ConvergenceConstants:
 
 
 @dataclass(frozen=True)
-class _Problem:
+class PlanningProblem:
     """A validated planning problem (one place for the argument checks)."""
 
     mechanism: str
@@ -107,58 +107,62 @@ class _Problem:
         return self.n_samples / self.N
 
 
-def _problem(where: str, epsilon: object, delta: object, N: object, mechanism: object,
-             constants: object, dim: object, n_samples: object, clip: object,
-             q: object, c2: object) -> _Problem:
-    mech = _choice(where, "mechanism", mechanism, MECHANISMS)
+def planning_problem(where: str, epsilon: object, delta: object, N: object, mechanism: object,
+                     constants: object, dim: object, n_samples: object, clip: object,
+                     q: object, c2: object) -> PlanningProblem:
+    """The arguments of a planning call, checked (``ValueError`` naming ``where``), as a
+    :class:`PlanningProblem`; pure DP (``laplace``) takes ``delta = 0`` and ``q = 1``."""
+    mech = check_choice(where, "mechanism", mechanism, MECHANISMS)
     if not isinstance(constants, ConvergenceConstants):
         raise ValueError(f"{where}: constants={constants!r} must be a ConvergenceConstants")
-    n = _int(where, "N", N, 2)
-    d = _real(where, "n_samples", n_samples, 0.0, low_open=True)
+    n = check_int(where, "N", N, 2)
+    d = check_real(where, "n_samples", n_samples, 0.0, low_open=True)
     if mech == "gaussian":
-        dl = _real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+        dl = check_real(where, "delta", delta, 0.0, 1.0, low_open=True, high_open=True)
         if q is None:
             raise ValueError(f"{where}: q=None: the Gaussian mechanism needs q in (0, 1]")
-        qq = _real(where, "q", q, 0.0, 1.0, low_open=True)
+        qq = check_real(where, "q", q, 0.0, 1.0, low_open=True)
     else:
-        _real(where, "delta", delta, 0.0, 1.0, high_open=True)
+        check_real(where, "delta", delta, 0.0, 1.0, high_open=True)
         dl, qq = 0.0, 1.0  # pure DP, full batch (the paper's q = 1 for Laplace)
-    return _Problem(mechanism=mech,
-                    epsilon=_real(where, "epsilon", epsilon, 0.0, low_open=True),
-                    delta=dl, N=n, constants=constants, dim=_int(where, "dim", dim, 1),
-                    n_samples=d, clip=_real(where, "clip", clip, 0.0, low_open=True),
-                    q=qq, c2=_real(where, "c2", c2, 0.0, low_open=True))
+    return PlanningProblem(mechanism=mech,
+                           epsilon=check_real(where, "epsilon", epsilon, 0.0, low_open=True),
+                           delta=dl, N=n, constants=constants, dim=check_int(where, "dim", dim, 1),
+                           n_samples=d, clip=check_real(where, "clip", clip, 0.0, low_open=True),
+                           q=qq, c2=check_real(where, "c2", c2, 0.0, low_open=True))
 
 
-def _sampling_term(b: int, N: int) -> float:
+def sampling_term(b: int, N: int) -> float:
     """``(N - b) / ((N - 1) b)``: Lemma 2's client-sampling variance factor (no ``2 G^2``)."""
     return (N - b) / ((N - 1) * b)
 
 
-def _noise_kappa(pb: _Problem) -> float:
+def noise_kappa(pb: PlanningProblem) -> float:
     """``kappa`` with noise term ``kappa x / mu^2`` (x = b T^2/eps^2 or T log(1/delta)/eps^2)."""
     if pb.mechanism == "laplace":
         return 32.0 * pb.dim * pb.clip**2 / pb.n_samples**2
     return 4.0 * pb.c2**2 * pb.dim * pb.clip**2 * pb.N / pb.n_samples**2
 
 
-def _head(pb: _Problem, b: int) -> float:
+def head_term(pb: PlanningProblem, b: int) -> float:
     """``4 omega_0 / mu^2 + gamma Y0`` (``A1 + gamma Y0`` for Laplace), b-dependent part."""
     c = pb.constants
-    omega0 = 2.0 * _sampling_term(b, pb.N) * c.grad_bound**2 + 2.0 * c.smoothness * c.non_iid
+    omega0 = 2.0 * sampling_term(b, pb.N) * c.grad_bound**2 + 2.0 * c.smoothness * c.non_iid
     if pb.mechanism == "gaussian":
         omega0 += c.local_variance / (pb.q * pb.n_samples)  # sum_i d_i Lambda^2 / (q d^2)
     return 4.0 * omega0 / c.strong_convexity**2 + c.gamma * c.initial_gap
 
 
-def _objective(pb: _Problem, T: float, b: int) -> float:
+def objective(pb: PlanningProblem, T: float, b: int) -> float:
+    """``(head_term(pb, b) + noise) / (T + gamma)``: the convergence bound after ``T`` rounds
+    with ``b`` devices a round, the mechanism's noise included (what the planners minimise)."""
     c = pb.constants
-    kappa = _noise_kappa(pb) / c.strong_convexity**2
+    kappa = noise_kappa(pb) / c.strong_convexity**2
     if pb.mechanism == "laplace":
         noise = kappa * b * T * T / pb.epsilon**2
     else:
         noise = kappa * T * math.log(1.0 / pb.delta) / pb.epsilon**2
-    return (_head(pb, b) + noise) / (T + c.gamma)
+    return (head_term(pb, b) + noise) / (T + c.gamma)
 
 
 def laplace_coefficients(b: int, *, epsilon: float, N: int, constants: ConvergenceConstants,
@@ -170,11 +174,11 @@ def laplace_coefficients(b: int, *, epsilon: float, N: int, constants: Convergen
     so that ``U(T) = (A1 + A2 T^2 + gamma Y0) / (T + gamma)``. ``n_samples`` is ``d``, the
     records of all clients together; ``dim`` is ``p``.
     """
-    pb = _problem("laplace_coefficients", epsilon, 0.0, N, "laplace", constants, dim,
-                  n_samples, clip_l1, None, DEFAULT_C2)
-    b = _int("laplace_coefficients", "b", b, 1, pb.N)
-    a1 = _head(pb, b) - constants.gamma * constants.initial_gap
-    a2 = _noise_kappa(pb) * b / (constants.strong_convexity**2 * pb.epsilon**2)
+    pb = planning_problem("laplace_coefficients", epsilon, 0.0, N, "laplace", constants, dim,
+                          n_samples, clip_l1, None, DEFAULT_C2)
+    b = check_int("laplace_coefficients", "b", b, 1, pb.N)
+    a1 = head_term(pb, b) - constants.gamma * constants.initial_gap
+    a2 = noise_kappa(pb) * b / (constants.strong_convexity**2 * pb.epsilon**2)
     return a1, a2
 
 
@@ -185,10 +189,10 @@ def optimal_rounds(A1: float, A2: float, gamma: float, initial_gap: float) -> fl
     ``A1 >= 0``, ``A2 > 0``, ``gamma > 0``, ``initial_gap = Y0 >= 0``.
     """
     where = "optimal_rounds"
-    a1 = _real(where, "A1", A1, 0.0)
-    a2 = _real(where, "A2", A2, 0.0, low_open=True)
-    g = _real(where, "gamma", gamma, 0.0, low_open=True)
-    y0 = _real(where, "initial_gap", initial_gap, 0.0)
+    a1 = check_real(where, "A1", A1, 0.0)
+    a2 = check_real(where, "A2", A2, 0.0, low_open=True)
+    g = check_real(where, "gamma", gamma, 0.0, low_open=True)
+    y0 = check_real(where, "initial_gap", initial_gap, 0.0)
     return math.sqrt(g * g + (a1 + g * y0) / a2) - g
 
 
@@ -200,9 +204,9 @@ def optimal_clients_fixed_rounds(T: int, *, epsilon: float, N: int,
     ``= G N d / (2 T xi_1) / sqrt(p (N - 1) sum_i 1/eps_i^2)``, not clamped to ``[1, N]``;
     Table I's "b* (fix T = 50)" column is its ceiling.
     """
-    pb = _problem("optimal_clients_fixed_rounds", epsilon, 0.0, N, "laplace", constants, dim,
-                  n_samples, clip_l1, None, DEFAULT_C2)
-    T = _int("optimal_clients_fixed_rounds", "T", T, 1)
+    pb = planning_problem("optimal_clients_fixed_rounds", epsilon, 0.0, N, "laplace", constants,
+                          dim, n_samples, clip_l1, None, DEFAULT_C2)
+    T = check_int("optimal_clients_fixed_rounds", "T", T, 1)
     sum_inv = pb.N / pb.epsilon**2
     return (constants.grad_bound * pb.N * pb.n_samples / (2.0 * T * pb.clip)
             / math.sqrt(pb.dim * (pb.N - 1) * sum_inv))
@@ -219,7 +223,7 @@ def objective_bound(T: int, b: int, *, epsilon: float, delta: float, N: int,
     ``E3 = (4/mu^2) c2^2 p xi_2^2 N log(1/delta) / (d^2 eps^2)``, the printed
     ``E1/(b(T+gamma)) + E2/(T+gamma) + E3``. ``T >= 0`` (``T = 0``: the bound before training).
     """
-    pb = _problem("objective_bound", epsilon, delta, N, mechanism, constants, dim, n_samples,
-                  clip, q, c2)
-    return _objective(pb, _int("objective_bound", "T", T, 0),
-                      _int("objective_bound", "b", b, 1, pb.N))
+    pb = planning_problem("objective_bound", epsilon, delta, N, mechanism, constants, dim,
+                          n_samples, clip, q, c2)
+    return objective(pb, check_int("objective_bound", "T", T, 0),
+                     check_int("objective_bound", "b", b, 1, pb.N))

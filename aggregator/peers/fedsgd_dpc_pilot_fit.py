@@ -19,13 +19,19 @@ from typing import Any, Literal
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from aggregator.peers.fedsgd_dpc_accounting import DEFAULT_C2, Mechanism, _choice, _int, _real
+from aggregator.peers.fedsgd_dpc_accounting import (
+    DEFAULT_C2,
+    Mechanism,
+    check_choice,
+    check_int,
+    check_real,
+)
 from aggregator.peers.fedsgd_dpc_bound import (
     ConvergenceConstants,
-    _noise_kappa,
-    _Problem,
-    _problem,
-    _sampling_term,
+    PlanningProblem,
+    noise_kappa,
+    planning_problem,
+    sampling_term,
 )
 
 # ------------------------------------------------------------------ constants from pilots
@@ -55,11 +61,11 @@ class PilotCurve:
 
     def __post_init__(self) -> None:
         where = "PilotCurve"
-        T = _int(where, "T", self.T, 1)
-        _int(where, "b", self.b, 1)
-        _real(where, "epsilon", self.epsilon, 0.0, low_open=True)
-        rounds = tuple(_int(where, "rounds[]", t, 0, T) for t in self.rounds)
-        values = tuple(_real(where, "values[]", v) for v in self.values)
+        T = check_int(where, "T", self.T, 1)
+        check_int(where, "b", self.b, 1)
+        check_real(where, "epsilon", self.epsilon, 0.0, low_open=True)
+        rounds = tuple(check_int(where, "rounds[]", t, 0, T) for t in self.rounds)
+        values = tuple(check_real(where, "values[]", v) for v in self.values)
         if len(rounds) != len(values) or not rounds:
             raise ValueError(f"{where}: rounds and values must be non-empty and of equal "
                              f"length (got {len(rounds)} and {len(values)})")
@@ -89,11 +95,11 @@ class PilotFit:
     coefficients: tuple[float, float, float]
 
 
-def _design(pb: _Problem, curves: Sequence[PilotCurve], gamma: float,
+def _design(pb: PlanningProblem, curves: Sequence[PilotCurve], gamma: float,
             fit_offset: bool) -> tuple[np.ndarray, np.ndarray]:
     rows, ys = [], []
     for cv in curves:
-        r_b = _sampling_term(cv.b, pb.N)
+        r_b = sampling_term(cv.b, pb.N)
         if pb.mechanism == "laplace":
             x = cv.b * cv.T**2 / cv.epsilon**2
         else:
@@ -163,26 +169,27 @@ def fit_pilot_curves(curves: Sequence[PilotCurve], *, N: int, dim: int, n_sample
     PilotFit
     """
     where = "fit_pilot_curves"
-    pb = _problem(where, 1.0, delta, N, mechanism, ConvergenceConstants(1.0, 1.0, 0.0, 0.0, 0.0),
-                  dim, n_samples, clip, q, c2)
-    obs = _choice(where, "observable", observable, ("loss", "distance"))
+    pb = planning_problem(where, 1.0, delta, N, mechanism,
+                          ConvergenceConstants(1.0, 1.0, 0.0, 0.0, 0.0), dim, n_samples, clip,
+                          q, c2)
+    obs = check_choice(where, "observable", observable, ("loss", "distance"))
     if (initial_gap is None) == (non_iid is None):
         raise ValueError(f"{where}: give exactly one of initial_gap={initial_gap!r} and "
                          f"non_iid={non_iid!r}; the curves identify only their combination")
-    y0_known = None if initial_gap is None else _real(where, "initial_gap", initial_gap, 0.0)
-    gm_known = None if non_iid is None else _real(where, "non_iid", non_iid, 0.0)
-    lam2 = _real(where, "local_variance", local_variance, 0.0)
+    y0_known = None if initial_gap is None else check_real(where, "initial_gap", initial_gap, 0.0)
+    gm_known = None if non_iid is None else check_real(where, "non_iid", non_iid, 0.0)
+    lam2 = check_real(where, "local_variance", local_variance, 0.0)
     if len(gamma_range) != 2:
         raise ValueError(f"{where}: gamma_range={gamma_range!r} must be (low, high)")
-    g_lo = _real(where, "gamma_range[0]", gamma_range[0], 2.0)
-    g_hi = _real(where, "gamma_range[1]", gamma_range[1], g_lo, low_open=True)
+    g_lo = check_real(where, "gamma_range[0]", gamma_range[0], 2.0)
+    g_hi = check_real(where, "gamma_range[1]", gamma_range[1], g_lo, low_open=True)
     curves = list(curves)
     for cv in curves:
         if not isinstance(cv, PilotCurve):
             raise ValueError(f"{where}: curves contains {cv!r}, not a PilotCurve")
-        _int(where, "curve.b", cv.b, 1, pb.N)
+        check_int(where, "curve.b", cv.b, 1, pb.N)
     fit_offset = obs == "loss" and optimum_loss is None
-    f_star = 0.0 if obs == "distance" or optimum_loss is None else _real(
+    f_star = 0.0 if obs == "distance" or optimum_loss is None else check_real(
         where, "optimum_loss", optimum_loss)
     if obs == "distance" and optimum_loss is not None:
         raise ValueError(f"{where}: optimum_loss={optimum_loss!r} applies only to "
@@ -212,7 +219,7 @@ def fit_pilot_curves(curves: Sequence[PilotCurve], *, N: int, dim: int, n_sample
     if fit_offset:
         f_star, coef = float(coef[0]), coef[1:]
     alpha, beta, c = (float(v) for v in coef)
-    kappa = _noise_kappa(pb)
+    kappa = noise_kappa(pb)
     if c <= 0:
         raise ValueError(f"{where}: fitted noise coefficient c={c:g} <= 0: the pilots show no "
                          "privacy-noise effect, so mu is not identified (vary b T^2/eps^2)")

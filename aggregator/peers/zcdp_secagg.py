@@ -22,9 +22,9 @@ import numpy as np
 from aggregator.peers.zcdp_secagg_accounting import (
     ACCOUNTANTS,
     TRUST_ASSUMPTION,
-    _delta,
-    _int,
-    _real,
+    check_delta,
+    check_int,
+    check_real,
     epsilon_to_zcdp,
     paper_round_rho,
     participation_bound,
@@ -66,11 +66,11 @@ class ConvergenceConstants:
 
     def __post_init__(self) -> None:
         where = "ConvergenceConstants"
-        _real(where, "smoothness", self.smoothness, 0.0, math.inf)
-        _real(where, "grad_variance", self.grad_variance, 0.0, math.inf, lo_open=False)
-        _real(where, "learning_rate", self.learning_rate, 0.0, math.inf)
-        _int(where, "dimension", self.dimension, 1)
-        _real(where, "initial_gap", self.initial_gap, 0.0, math.inf, lo_open=False)
+        check_real(where, "smoothness", self.smoothness, 0.0, math.inf)
+        check_real(where, "grad_variance", self.grad_variance, 0.0, math.inf, lo_open=False)
+        check_real(where, "learning_rate", self.learning_rate, 0.0, math.inf)
+        check_int(where, "dimension", self.dimension, 1)
+        check_real(where, "initial_gap", self.initial_gap, 0.0, math.inf, lo_open=False)
 
 
 def convergence_bound(*, T: Any, tau: int, r: Any, sigma: Any, gamma: int,
@@ -221,14 +221,14 @@ def plan_zcdp_secagg(epsilon: float, delta: float, n: int, r: int | None, tau: i
         Naming the argument, its value and its allowed range.
     """
     where = "plan_zcdp_secagg"
-    epsilon = _real(where, "epsilon", epsilon, 0.0, math.inf)
-    delta = _delta(where, delta)
-    n = _int(where, "n", n, 1)
-    tau = _int(where, "tau", tau, 1)
-    G = _real(where, "G", G, 0.0, math.inf)
-    m = _int(where, "m", m, 1)
-    gamma = _int(where, "gamma", gamma, 1, m)
-    colluding = _int(where, "colluding", colluding, 0, max(n - 1, 0))
+    epsilon = check_real(where, "epsilon", epsilon, 0.0, math.inf)
+    delta = check_delta(where, delta)
+    n = check_int(where, "n", n, 1)
+    tau = check_int(where, "tau", tau, 1)
+    G = check_real(where, "G", G, 0.0, math.inf)
+    m = check_int(where, "m", m, 1)
+    gamma = check_int(where, "gamma", gamma, 1, m)
+    colluding = check_int(where, "colluding", colluding, 0, max(n - 1, 0))
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"{where}: accountant={accountant!r} must be one of {ACCOUNTANTS}")
     if participations is not None and participation_failure_prob is not None:
@@ -241,22 +241,22 @@ def plan_zcdp_secagg(epsilon: float, delta: float, n: int, r: int | None, tau: i
     if T is None:
         if round_budget is None:
             raise ValueError(f"{where}: T=None needs round_budget (an integer >= 1)")
-        t_grid = np.arange(1, _int(where, "round_budget", round_budget, 1) + 1)
+        t_grid = np.arange(1, check_int(where, "round_budget", round_budget, 1) + 1)
     else:
-        t_grid = np.array([_int(where, "T", T, 1)])
+        t_grid = np.array([check_int(where, "T", T, 1)])
     if r is None:
         if n < 3:
             raise ValueError(f"{where}: r=None chooses r in [3, n], but n={n} < 3")
         r_grid = np.arange(max(3, colluding + 1), n + 1)
     else:
-        r_grid = np.array([_int(where, "r", r, 1, n)])
+        r_grid = np.array([check_int(where, "r", r, 1, n)])
     if upload_budget is not None:
-        _int(where, "upload_budget", upload_budget, 1)
+        check_int(where, "upload_budget", upload_budget, 1)
     if t_grid.size * r_grid.size > _MAX_GRID:
         raise ValueError(f"{where}: round_budget={round_budget!r} times {r_grid.size} values "
                          f"of r exceeds {_MAX_GRID} candidates")
     if min_aggregated is not None:
-        _int(where, "min_aggregated", min_aggregated, colluding + 1, int(r_grid.max()))
+        check_int(where, "min_aggregated", min_aggregated, colluding + 1, int(r_grid.max()))
     t_mesh, r_mesh = np.meshgrid(t_grid, r_grid, indexing="ij")
     tt, rr = t_mesh.ravel(), r_mesh.ravel()
     keep = np.ones(tt.shape, dtype=bool)
@@ -279,12 +279,12 @@ def plan_zcdp_secagg(epsilon: float, delta: float, n: int, r: int | None, tau: i
             raise ValueError(f"{where}: participations={participations!r} cannot be fixed "
                              "while T or r is being chosen")
         mode = "given"
-        counts = np.array([_real(where, "participations", participations, 0.0,
-                                 float(tt[0]), hi_open=False)])
+        counts = np.array([check_real(where, "participations", participations, 0.0,
+                                      float(tt[0]), hi_open=False)])
     elif participation_failure_prob is not None:
         mode = "bound"
-        beta = _real(where, "participation_failure_prob", participation_failure_prob, 0.0,
-                     1.0 - delta)
+        beta = check_real(where, "participation_failure_prob", participation_failure_prob, 0.0,
+                          1.0 - delta)
         delta_total = delta + beta
         counts = np.array([participation_bound(T=int(a), r=int(b), n=n, failure_prob=beta)
                            for a, b in zip(tt, rr, strict=True)], dtype=float)

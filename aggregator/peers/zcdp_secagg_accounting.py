@@ -28,7 +28,7 @@ per-step Gaussian mechanisms with Google's ``dp-accounting``, without the ``1/r`
 assumption and where the paper's argument is only heuristic are in
 ``docs/peers/zcdp-secagg.md``. The planner, which chooses ``sigma`` (and ``T``, ``r``)
 from these formulas, is :mod:`aggregator.peers.zcdp_secagg`; it shares the argument
-checks (``_real``, ``_int``, ``_delta``) defined here.
+checks (``check_real``, ``check_int``, ``check_delta``) defined here.
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ _ORDERS = tuple(
 # ---------------------------------------------------------------------------- validation
 
 
-def _real(where: str, name: str, value: Any, lo: float, hi: float, *,
-          lo_open: bool = True, hi_open: bool = True) -> float:
+def check_real(where: str, name: str, value: Any, lo: float, hi: float, *,
+               lo_open: bool = True, hi_open: bool = True) -> float:
+    """``value`` as a float in the interval from ``lo`` to ``hi`` (open ends by default),
+    else ``ValueError`` naming ``where`` and ``name``."""
     ok = isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool)
     if ok:
         v = float(value)
@@ -84,7 +86,9 @@ def _real(where: str, name: str, value: Any, lo: float, hi: float, *,
     return float(value)
 
 
-def _int(where: str, name: str, value: Any, lo: int, hi: float = math.inf) -> int:
+def check_int(where: str, name: str, value: Any, lo: int, hi: float = math.inf) -> int:
+    """``value`` as an int in ``[lo, hi]``, else ``ValueError`` naming ``where`` and
+    ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or not (
             lo <= int(value) <= hi):
         top = "inf" if hi == math.inf else f"{int(hi)}"
@@ -92,8 +96,9 @@ def _int(where: str, name: str, value: Any, lo: int, hi: float = math.inf) -> in
     return int(value)
 
 
-def _delta(where: str, delta: Any) -> float:
-    return _real(where, "delta", delta, 0.0, 1.0)
+def check_delta(where: str, delta: Any) -> float:
+    """``delta`` as a float in ``(0, 1)``, else ``ValueError`` naming ``where``."""
+    return check_real(where, "delta", delta, 0.0, 1.0)
 
 
 # ---------------------------------------------------------------------- zCDP conversions
@@ -105,8 +110,8 @@ def zcdp_to_epsilon(*, rho: float, delta: float) -> float:
     ``epsilon = rho + 2 sqrt(rho log(1/delta))`` (002 Lemma 4). Valid, not the tightest: the
     RDP conversion of dp-accounting is smaller for the same curve.
     """
-    rho = _real("zcdp_to_epsilon", "rho", rho, 0.0, math.inf, lo_open=False)
-    delta = _delta("zcdp_to_epsilon", delta)
+    rho = check_real("zcdp_to_epsilon", "rho", rho, 0.0, math.inf, lo_open=False)
+    delta = check_delta("zcdp_to_epsilon", delta)
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
@@ -117,8 +122,8 @@ def epsilon_to_zcdp(*, epsilon: float, delta: float) -> float:
     ``rho + 2 sqrt(rho L) = epsilon`` in ``sqrt(rho)`` (SEED-NOTES, 000: the other root is
     wrong). Written as ``epsilon^2 / (sqrt(L + epsilon) + sqrt(L))^2`` to avoid cancellation.
     """
-    epsilon = _real("epsilon_to_zcdp", "epsilon", epsilon, 0.0, math.inf)
-    log_inv = math.log(1.0 / _delta("epsilon_to_zcdp", delta))
+    epsilon = check_real("epsilon_to_zcdp", "epsilon", epsilon, 0.0, math.inf)
+    log_inv = math.log(1.0 / check_delta("epsilon_to_zcdp", delta))
     return epsilon**2 / (math.sqrt(log_inv + epsilon) + math.sqrt(log_inv)) ** 2
 
 
@@ -132,10 +137,10 @@ def per_step_rho(*, G: float, gamma: int, sigma: float, honest_summands: int = 1
     Gaussian noise of std ``sqrt(h) sigma`` (``h`` honest summands; 1 = the device alone).
     """
     where = "per_step_rho"
-    G = _real(where, "G", G, 0.0, math.inf)
-    gamma = _int(where, "gamma", gamma, 1)
-    sigma = _real(where, "sigma", sigma, 0.0, math.inf)
-    h = _int(where, "honest_summands", honest_summands, 1)
+    G = check_real(where, "G", G, 0.0, math.inf)
+    gamma = check_int(where, "gamma", gamma, 1)
+    sigma = check_real(where, "sigma", sigma, 0.0, math.inf)
+    h = check_int(where, "honest_summands", honest_summands, 1)
     return 2.0 * G**2 / (h * gamma**2 * sigma**2)
 
 
@@ -159,18 +164,18 @@ def paper_round_rho(*, tau: int, G: float, m: int, gamma: int, sigma: float, r: 
         ``r`` selected devices; ``1`` gives the figure without secure aggregation).
     """
     where = "paper_round_rho"
-    tau = _int(where, "tau", tau, 1)
-    m = _int(where, "m", m, 1)
-    gamma = _int(where, "gamma", gamma, 1, m)
-    r = _int(where, "r", r, 1)
+    tau = check_int(where, "tau", tau, 1)
+    m = check_int(where, "m", m, 1)
+    gamma = check_int(where, "gamma", gamma, 1, m)
+    r = check_int(where, "r", r, 1)
     return tau * gamma / m * per_step_rho(G=G, gamma=gamma, sigma=sigma, honest_summands=r)
 
 
 def expected_participations(*, T: int, r: int, n: int) -> float:
     """``T r / n``: the expected number of rounds a device takes part in (002 Theorem 1)."""
     where = "expected_participations"
-    n = _int(where, "n", n, 1)
-    return _int(where, "T", T, 1) * _int(where, "r", r, 1, n) / n
+    n = check_int(where, "n", n, 1)
+    return check_int(where, "T", T, 1) * check_int(where, "r", r, 1, n) / n
 
 
 def participation_bound(*, T: int, r: int, n: int, failure_prob: float) -> int:
@@ -182,10 +187,10 @@ def participation_bound(*, T: int, r: int, n: int, failure_prob: float) -> int:
     and adds ``failure_prob`` to delta.
     """
     where = "participation_bound"
-    n = _int(where, "n", n, 1)
-    T = _int(where, "T", T, 1)
-    r = _int(where, "r", r, 1, n)
-    beta = _real(where, "failure_prob", failure_prob, 0.0, 1.0)
+    n = check_int(where, "n", n, 1)
+    T = check_int(where, "T", T, 1)
+    r = check_int(where, "r", r, 1, n)
+    beta = check_real(where, "failure_prob", failure_prob, 0.0, 1.0)
     counts = np.arange(T + 1)
     tail = n * binom.sf(counts, T, r / n)
     return int(counts[np.argmax(tail <= beta)])
@@ -197,7 +202,7 @@ def paper_epsilon(*, participations: float, tau: int, G: float, m: int, gamma: i
 
     ``participations`` is ``C_i`` (may be the fractional expectation ``T r / n``).
     """
-    c = _real("paper_epsilon", "participations", participations, 0.0, math.inf, lo_open=False)
+    c = check_real("paper_epsilon", "participations", participations, 0.0, math.inf, lo_open=False)
     rho = c * paper_round_rho(tau=tau, G=G, m=m, gamma=gamma, sigma=sigma, r=r)
     return zcdp_to_epsilon(rho=rho, delta=delta)
 
@@ -214,10 +219,10 @@ def record_uses(*, participations: int, tau: int, m: int, gamma: int) -> int:
     002's ``C tau gamma / m`` when that is an integer.
     """
     where = "record_uses"
-    c = _int(where, "participations", participations, 0)
-    tau = _int(where, "tau", tau, 1)
-    m = _int(where, "m", m, 1)
-    gamma = _int(where, "gamma", gamma, 1, m)
+    c = check_int(where, "participations", participations, 0)
+    tau = check_int(where, "tau", tau, 1)
+    m = check_int(where, "m", m, 1)
+    gamma = check_int(where, "gamma", gamma, 1, m)
     if m % gamma:
         raise ValueError(f"{where}: gamma={gamma} must divide m={m} (002 partitions the data "
                          "into m/gamma mini-batches)")
@@ -252,20 +257,20 @@ def device_dp_event(*, participations: int, tau: int, G: float, m: int, gamma: i
     where = "device_dp_event"
     if sampling not in SAMPLINGS:
         raise ValueError(f"{where}: sampling={sampling!r} must be one of {SAMPLINGS}")
-    G = _real(where, "G", G, 0.0, math.inf)
-    sigma = _real(where, "sigma", sigma, 0.0, math.inf)
-    h = _int(where, "honest_summands", honest_summands, 1)
-    m = _int(where, "m", m, 1)
-    gamma = _int(where, "gamma", gamma, 1, m)
+    G = check_real(where, "G", G, 0.0, math.inf)
+    sigma = check_real(where, "sigma", sigma, 0.0, math.inf)
+    h = check_int(where, "honest_summands", honest_summands, 1)
+    m = check_int(where, "m", m, 1)
+    gamma = check_int(where, "gamma", gamma, 1, m)
     if sampling == "shuffle":
         if q is not None:
             raise ValueError(f"{where}: q={q!r} applies only to sampling='poisson'")
         uses = record_uses(participations=participations, tau=tau, m=m, gamma=gamma)
         z = math.sqrt(h) * sigma * gamma / (2.0 * G)
         return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z), uses)
-    c = _int(where, "participations", participations, 0)
-    tau = _int(where, "tau", tau, 1)
-    rate = gamma / m if q is None else _real(where, "q", q, 0.0, 1.0, hi_open=False)
+    c = check_int(where, "participations", participations, 0)
+    tau = check_int(where, "tau", tau, 1)
+    rate = gamma / m if q is None else check_real(where, "q", q, 0.0, 1.0, hi_open=False)
     z = math.sqrt(h) * sigma * gamma / G
     return dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(z)), c * tau)
@@ -295,7 +300,7 @@ def testbed_epsilon(*, participations: int, tau: int, G: float, m: int, gamma: i
     """
     event = device_dp_event(participations=participations, tau=tau, G=G, m=m, gamma=gamma,
                             sigma=sigma, sampling=sampling, q=q)
-    return _epsilon(event, _delta("testbed_epsilon", delta), accountant, "testbed_epsilon")
+    return _epsilon(event, check_delta("testbed_epsilon", delta), accountant, "testbed_epsilon")
 
 
 def secagg_sum_epsilon(*, participations: int, tau: int, G: float, m: int, gamma: int,
@@ -313,5 +318,5 @@ def secagg_sum_epsilon(*, participations: int, tau: int, G: float, m: int, gamma
     event = device_dp_event(participations=participations, tau=tau, G=G, m=m, gamma=gamma,
                             sigma=sigma, honest_summands=honest_summands, sampling=sampling,
                             q=q)
-    return _epsilon(event, _delta("secagg_sum_epsilon", delta), accountant,
+    return _epsilon(event, check_delta("secagg_sum_epsilon", delta), accountant,
                     "secagg_sum_epsilon")

@@ -152,7 +152,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         record_pilots,
         target_noise_multiplier,
     )
-    from testbed.cli.cmd_plan import count_params
+    from testbed.cli.model_size import count_params
 
     base = load_experiment(args.config, args.overrides)
     unit = args.unit or base.privacy.unit

@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.model_size import count_params
 from testbed.cli.overrides import UniqueOverrides
+from testbed.cli.plan_aircomp import plan_aircomp_command
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
 from testbed.core.config.paths import check_output_file
@@ -91,22 +93,6 @@ def _margin(text: str) -> float:
     return value
 
 
-def count_params(cfg: ExperimentConfig) -> int:
-    """Model size d of the config's model (builds it; imports torch)."""
-    from testbed.core.extensions import is_import_string
-    from testbed.core.models import build_model, n_params
-
-    shape: tuple[int, ...] = (3, 32, 32) if cfg.dataset == "cifar10" else (1, 28, 28)
-    n_classes = 10
-    if is_import_string(cfg.dataset):  # a lab's own data: its sample shape and labels
-        from testbed.core.run_setup import prepare_test_data
-
-        data = prepare_test_data(cfg)
-        shape, n_classes = tuple(data.x_test.shape[1:]), data.n_classes
-    return n_params(build_model(cfg.model, shape, seed=0, n_classes=n_classes,
-                                extensions_path=cfg.extensions_path))
-
-
 def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.baselines import PEER_SCHEMES, plan_all
     from aggregator.solver.from_config import read_scenario_file, scenario_from_config
@@ -116,8 +102,6 @@ def _plan(args: argparse.Namespace) -> int:
     if args.scheme in ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg"):
         return _plan_peer(args, cfg)
     if args.scheme == "aircomp" or cfg.scheme == "aircomp":
-        from testbed.cli.plan_aircomp import plan_aircomp_command
-
         if args.out is not None:
             check_output_file(args.out, "--out")
         return plan_aircomp_command(args, cfg)

@@ -9,7 +9,6 @@ interval, the frequency-offset estimate and the samples lost.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,6 +24,8 @@ from radio.flowgraph_process import (
 from radio.tdma import BURST_START_JITTER_S, slot_guard_s
 from radio.uhd_probe import find_usrps
 from radio.virtual_device import is_virtual
+from testbed.cli.cmd_radio_loopback import MAX_LOOPBACK_TRIALS, SNR_DB_HELP, cmd_loopback
+from testbed.cli.output import emit
 from testbed.core.config.hardware import (
     DeviceRadio,
     HardwareConfig,
@@ -36,13 +37,6 @@ from testbed.core.links import waveform_params
 
 #: N210 master clock; its sample rates are 100 MS/s divided by an integer.
 N210_MASTER_CLOCK_HZ = 100e6
-
-
-def _emit(result: dict[str, Any], as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        print("\n".join(lines))
 
 
 def _probe_virtual(hw: HardwareConfig, as_json: bool) -> int:
@@ -61,9 +55,9 @@ def _probe_virtual(hw: HardwareConfig, as_json: bool) -> int:
              f"receiver from {air.stream_address}: run 'testbed air --hw ...'):"]
     lines += [f"  {d['key']}: type=virtual, serial={d['serial']}, clock offset "
               f"{d['clock_offset_s']:g} s, drift {d['drift_ppm']:g} ppm" for d in found]
-    _emit({"devices": found, "virtual": True, "uhd_available": None, "message": "",
-           "air": {"burst_address": air.burst_address, "stream_address": air.stream_address}},
-          as_json, lines)
+    emit({"devices": found, "virtual": True, "uhd_available": None, "message": "",
+          "air": {"burst_address": air.burst_address, "stream_address": air.stream_address}},
+         as_json, lines)
     return 0
 
 
@@ -85,7 +79,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         lines = [f"no USRP found by UHD; without hardware use {fallback}"]
     else:
         lines = [f"UHD not usable ({res.message}); without hardware use {fallback}"]
-    _emit(
+    emit(
         {"devices": res.devices, "uhd_available": res.uhd_available, "message": res.message,
          "fallback": ["emulate", "gnuradio", "waveform"]},
         args.json, lines,
@@ -296,16 +290,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                      "(see 'testbed radio probe')")
     elif any(c["status"] == NOT_OPENED for c in checks):
         lines.append("devices not opened; pass --open-devices to look for the USRPs")
-    _emit({"hw_config": hw.name, "link": hw.link, "ok": ok_all, "checks": checks,
-           "devices_opened": bool(args.open_devices), "device": args.device},
-          args.json, lines)
+    emit({"hw_config": hw.name, "link": hw.link, "ok": ok_all, "checks": checks,
+          "devices_opened": bool(args.open_devices), "device": args.device},
+         args.json, lines)
     return 0 if ok_all else 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``testbed radio`` and its subcommands."""
-    from testbed.cli.cmd_radio_loopback import MAX_LOOPBACK_TRIALS, SNR_DB_HELP, cmd_loopback
-
     radio = subparsers.add_parser("radio", help="find radios, check hw configs, test links",
                                   description=__doc__)
     sub = radio.add_subparsers(dest="radio_command", metavar="SUBCOMMAND")

@@ -22,7 +22,7 @@ from radio.link import LinkError, LinkFailed
 from radio.link_budget import budget_snr_db, path_gain
 from radio.units import linear_to_db
 from radio.virtual_device import VirtualArgs
-from testbed.cli.cmd_radio import _emit
+from testbed.cli.output import emit
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
@@ -261,7 +261,7 @@ def _loopback(args: argparse.Namespace) -> int:
         if "error" in result:
             print(f"testbed radio loopback: every frame lost: {result['error']}", file=sys.stderr)
             return 1
-        _emit(result, args.json, [f"{k}: {v}" for k, v in result.items()])
+        emit(result, args.json, [f"{k}: {v}" for k, v in result.items()])
         return 0
     sweep = load_hardware(args.hw).snr_sweep_db
     if not sweep:
@@ -275,5 +275,5 @@ def _loopback(args: argparse.Namespace) -> int:
            if "error" not in p else f"frame lost ({p['error']})")
         for p in points
     ]
-    _emit({"link": args.link, "hw_config": args.hw, "sweep": points}, args.json, lines)
+    emit({"link": args.link, "hw_config": args.hw, "sweep": points}, args.json, lines)
     return 0

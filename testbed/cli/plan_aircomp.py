@@ -22,7 +22,7 @@ def plan_aircomp_command(args: argparse.Namespace, cfg: ExperimentConfig) -> int
     from aggregator.solver.aircomp_plan import AirCompInfeasible, plan_aircomp
     from radio.aircomp_air import PROBE_SYMBOLS
     from radio.analog import n_symbols_for
-    from testbed.cli.cmd_plan import count_params
+    from testbed.cli.model_size import count_params
     from testbed.core.aircomp_plan_file import (
         AirCompDevicePlan,
         AirCompPlanFile,

@@ -24,11 +24,11 @@ from testbed.core.secure_socket import (
     CURVE_FRAME_OVERHEAD_BYTES,
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,
-    _check_frames,
-    _check_hwm,
-    _check_key_pair,
-    _check_max_message_bytes,
-    _check_timeout,
+    check_frames,
+    check_hwm,
+    check_key_pair,
+    check_max_message_bytes,
+    check_timeout,
 )
 
 #: Default seconds :meth:`CurveClient.send` waits for room in the queue.
@@ -102,12 +102,12 @@ class CurveClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         hwm: int = DEFAULT_HWM,
     ) -> None:
-        self.max_message_bytes = _check_max_message_bytes(max_message_bytes)
-        _check_hwm(hwm)
+        self.max_message_bytes = check_max_message_bytes(max_message_bytes)
+        check_hwm(hwm)
         if (client_public is None) != (client_secret is None):
             raise ValueError("client_public and client_secret: give both or neither")
         if client_public is not None and client_secret is not None:
-            public, secret = _check_key_pair(client_public, client_secret, "client")
+            public, secret = check_key_pair(client_public, client_secret, "client")
         elif keys_dir is not None and device is not None:
             public, secret = load_device_keys(Path(keys_dir), device)
         else:
@@ -153,7 +153,7 @@ class CurveClient:
             The aggregator refused this client's key (now, or in an earlier handshake):
             no message will ever come; raised as soon as the refusal arrives.
         """
-        timeout = _check_timeout(timeout_s)
+        timeout = check_timeout(timeout_s)
         sock = self._open_socket()
         self.check_admitted()
         poller = zmq.Poller()
@@ -203,8 +203,8 @@ class CurveClient:
         ValueError
             Empty message, or a frame longer than ``max_message_bytes``.
         """
-        payload = _check_frames(frames, self.max_message_bytes)
-        timeout = _check_timeout(timeout_s)
+        payload = check_frames(frames, self.max_message_bytes)
+        timeout = check_timeout(timeout_s)
         sock = self._open_socket()
         deadline = time.monotonic() + timeout
         while True:

@@ -20,11 +20,11 @@ from testbed.core.secure_socket import (
     CURVE_FRAME_OVERHEAD_BYTES,
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,
-    _check_frames,
-    _check_hwm,
-    _check_key_pair,
-    _check_max_message_bytes,
-    _check_timeout,
+    check_frames,
+    check_hwm,
+    check_key_pair,
+    check_max_message_bytes,
+    check_timeout,
 )
 
 #: Where libzmq looks for the ZAP handler of a context (fixed by the ZAP specification).
@@ -106,14 +106,14 @@ class CurveServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         hwm: int = DEFAULT_HWM,
     ) -> None:
-        self.max_message_bytes = _check_max_message_bytes(max_message_bytes)
-        _check_hwm(hwm)
+        self.max_message_bytes = check_max_message_bytes(max_message_bytes)
+        check_hwm(hwm)
         if (server_public is None) != (server_secret is None):
             raise ValueError("server_public and server_secret: give both or neither")
         if server_public is not None and server_secret is not None:
             if keys_dir is not None:
                 raise ValueError("keys_dir and server_public/server_secret: give one, not both")
-            public, secret = _check_key_pair(server_public, server_secret, "server")
+            public, secret = check_key_pair(server_public, server_secret, "server")
         elif keys_dir is not None:
             public, secret = load_aggregator_keys(Path(keys_dir))
         else:
@@ -217,7 +217,7 @@ class CurveServer:
             :meth:`send`, the sender's device id from the allow-list, and the payload
             frames. None if nothing arrived in time.
         """
-        timeout = _check_timeout(timeout_s)
+        timeout = check_timeout(timeout_s)
         sock = self._open_socket()
         deadline = time.monotonic() + timeout
         while True:
@@ -238,7 +238,7 @@ class CurveServer:
         As with any ROUTER, a message to a peer that is gone or whose queue is full is
         dropped silently; the protocol above must detect the loss.
         """
-        payload = _check_frames(frames, self.max_message_bytes)
+        payload = check_frames(frames, self.max_message_bytes)
         self._open_socket().send_multipart([identity, *payload], flags=zmq.NOBLOCK)
 
     def _open_socket(self) -> zmq.Socket[Any]:

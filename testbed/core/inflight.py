@@ -66,6 +66,8 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.durable import fsync_dir
+
 #: Sync the segment after this many uploads were written since the last sync ...
 SYNC_UPLOADS = 256
 #: ... or this many bytes (a large model's uploads are ~10 MB each), whichever comes first.
@@ -157,7 +159,6 @@ class KeptLog:
         also fsyncs the directory entries of the segment and of ``inflight/``); then a sync
         mark records how much is durable. Nothing to do when no upload was written since."""
         from testbed.core.faults import fault_point
-        from testbed.core.rundir import fsync_dir
 
         if self._fd is None or self.pending_uploads == 0:
             return

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from testbed.core.protocol_checks import _check_ranges, _kind_ok, _payload_bytes
+from testbed.core.protocol_checks import check_ranges, kind_ok, payload_bytes
 from testbed.core.protocol_schema import SCHEMAS, ProtocolError
 
 
@@ -162,10 +162,10 @@ def decode(frames: list[bytes]) -> Message:
         missing, extra = sorted(set(schema) - set(fields)), sorted(set(fields) - set(schema))
         raise ProtocolError(f"{msg_type}: missing fields {missing}, unknown fields {extra}")
     for key, kind in schema.items():
-        if not _kind_ok(fields[key], kind):
+        if not kind_ok(fields[key], kind):
             raise ProtocolError(f"{msg_type}: field {key!r} is not a valid {kind}")
-    _check_ranges(msg_type, fields)
-    expected = _payload_bytes(msg_type, fields)
+    check_ranges(msg_type, fields)
+    expected = payload_bytes(msg_type, fields)
     payload = bytes(frames[1]) if len(frames) == 2 else None
     if expected is None and payload is not None:
         raise ProtocolError(f"{msg_type}: carries no payload, got {len(payload)} bytes")

@@ -9,55 +9,60 @@ import math
 from typing import Any
 
 from testbed.core.protocol_schema import (
-    _BOOL,
-    _DICT,
-    _FLOAT,
-    _INT,
-    _LIST,
-    _MAX_LIST,
-    _MAX_STR,
-    _OPT,
-    _STR,
     AIRCOMP_ROUND_KEYS,
+    BOOL,
+    DICT,
+    FLOAT,
+    INT,
+    LIST,
     MAX_AIRTIME_S,
     MAX_DEVICE,
+    MAX_LIST,
     MAX_PARAMS,
     MAX_ROUND,
+    MAX_STR,
     MAX_SYMBOLS,
     MAX_TIMING_UNCERTAINTY_S,
     MAX_TX_POWER_W,
+    OPT,
     PAYLOADS,
     SECAGG_CIPHERTEXT_HEX,
     SECAGG_KEY_HEX,
     SECAGG_MIN_DEVICES,
     SECAGG_NONCE_HEX,
     SECAGG_ORDINATE_HEX,
+    STR,
     TX_REPORT_KEYS,
     ProtocolError,
 )
 
 
-def _kind_ok(value: Any, kind: str) -> bool:
-    if kind.endswith(_OPT):
+def kind_ok(value: Any, kind: str) -> bool:
+    """Whether ``value`` is of the schema ``kind`` (:data:`~testbed.core.protocol_schema.INT`,
+    ``FLOAT`` (finite), ``STR`` (at most ``MAX_STR`` long), ``BOOL``, ``DICT``, ``LIST`` (at
+    most ``MAX_LIST`` items); with the suffix ``OPT`` also ``None``)."""
+    if kind.endswith(OPT):
         if value is None:
             return True
         kind = kind[:-1]
-    if kind == _INT:
+    if kind == INT:
         return type(value) is int
-    if kind == _FLOAT:
+    if kind == FLOAT:
         return type(value) in (int, float) and value == value and abs(value) != float("inf")
-    if kind == _STR:
-        return isinstance(value, str) and len(value) <= _MAX_STR
-    if kind == _BOOL:
+    if kind == STR:
+        return isinstance(value, str) and len(value) <= MAX_STR
+    if kind == BOOL:
         return type(value) is bool
-    if kind == _DICT:
+    if kind == DICT:
         return isinstance(value, dict)
-    if kind == _LIST:
-        return isinstance(value, list) and len(value) <= _MAX_LIST
+    if kind == LIST:
+        return isinstance(value, list) and len(value) <= MAX_LIST
     raise AssertionError(kind)
 
 
-def _payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
+def payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
+    """The byte length the binary payload of a ``msg_type`` message must have, from its
+    ``fields`` (``None``: the message carries no payload)."""
     kind = PAYLOADS[msg_type]
     if kind in ("float64", "uint64"):
         return 8 * int(fields["d"])
@@ -66,7 +71,9 @@ def _payload_bytes(msg_type: str, fields: dict[str, Any]) -> int | None:
     return None
 
 
-def _check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
+def check_ranges(msg_type: str, fields: dict[str, Any]) -> None:
+    """Check the numeric fields of a ``msg_type`` message against their ranges; raises
+    :class:`ProtocolError` on the first out of range."""
     if not 0 <= fields["device"] <= MAX_DEVICE:
         raise ProtocolError(f"{msg_type}: device {fields['device']} outside [0, {MAX_DEVICE}]")
     if "round" in fields and not 0 <= fields["round"] <= MAX_ROUND:
@@ -211,8 +218,8 @@ def _check_tx_report(on_air: bool, report: dict[str, Any] | None) -> None:
         extra = sorted(set(report) - set(TX_REPORT_KEYS))
         raise ProtocolError(f"upload: tx_report missing {missing}, unknown {extra}")
     for key in TX_REPORT_KEYS:
-        if not _kind_ok(report[key], _FLOAT):
-            raise ProtocolError(f"upload: tx_report.{key} is not a valid {_FLOAT}")
+        if not kind_ok(report[key], FLOAT):
+            raise ProtocolError(f"upload: tx_report.{key} is not a valid {FLOAT}")
     bounds = {
         "airtime_s": (0.0, MAX_AIRTIME_S),
         "tx_power_w": (0.0, MAX_TX_POWER_W),

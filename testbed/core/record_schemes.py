@@ -200,9 +200,11 @@ def record_norm_bound(example_clip: float, expected_batch: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def _calibrated_z(
+def calibrated_z(
     q: float, steps: int, target: float, delta: float, accountant: str, relation: str
 ) -> float:
+    """The noise multiplier meeting ``target`` (times ``CALIBRATION_MARGIN``) over ``steps``
+    record-level steps at sampling rate ``q`` (:func:`calibrate_noise_multiplier`, cached)."""
     return calibrate_noise_multiplier(
         q=q,
         steps=steps,
@@ -269,7 +271,7 @@ def resolve_record_uplinks(
         if pc.noise_multiplier is not None:
             z = float(pc.noise_multiplier)
         else:
-            z = _calibrated_z(
+            z = calibrated_z(
                 q if amplified else 1.0,
                 steps_per_round * cfg.rounds,
                 pc.epsilon,

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.durable import fsync_dir
 from testbed.core.inflight import (
     Kept,
     KeptError,
@@ -56,24 +57,6 @@ from testbed.core.inflight import (
 
 class RunDirError(RuntimeError):
     """The run directory cannot be used as asked (exists, missing, inconsistent)."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a directory entry (after a create or rename) to disk.
-
-    Best effort: some file systems refuse fsync on a directory; the write itself has
-    already completed, so that is not turned into an error.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:

@@ -57,7 +57,9 @@ CURVE_FRAME_OVERHEAD_BYTES = 33
 DEFAULT_HWM = 1000
 
 
-def _check_timeout(timeout_s: float, name: str = "timeout_s") -> float:
+def check_timeout(timeout_s: float, name: str = "timeout_s") -> float:
+    """``timeout_s`` as a float if it is a finite number of seconds ``>= 0``, else
+    ``ValueError`` naming ``name``."""
     if (
         isinstance(timeout_s, bool)
         or not isinstance(timeout_s, int | float)
@@ -68,7 +70,9 @@ def _check_timeout(timeout_s: float, name: str = "timeout_s") -> float:
     return float(timeout_s)
 
 
-def _check_max_message_bytes(value: int) -> int:
+def check_max_message_bytes(value: int) -> int:
+    """``value`` if it is an integer in ``[MIN_MAX_MESSAGE_BYTES, MAX_MAX_MESSAGE_BYTES]``,
+    else ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int) or not (
         MIN_MAX_MESSAGE_BYTES <= value <= MAX_MAX_MESSAGE_BYTES
     ):
@@ -79,13 +83,15 @@ def _check_max_message_bytes(value: int) -> int:
     return value
 
 
-def _check_hwm(value: int) -> int:
+def check_hwm(value: int) -> int:
+    """``value`` if it is a high-water mark (an integer in ``[1, 1000000]``), else
+    ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
         raise ValueError(f"hwm: got {value!r}; allowed: an integer with 1 <= hwm <= 1000000")
     return value
 
 
-def _check_key_pair(public: bytes, secret: bytes, who: str) -> tuple[bytes, bytes]:
+def check_key_pair(public: bytes, secret: bytes, who: str) -> tuple[bytes, bytes]:
     """``(public, secret)`` if they are z85 CURVE keys that belong together."""
     for name, key in (("public", public), ("secret", secret)):
         if not isinstance(key, bytes) or len(key) != 40:
@@ -99,7 +105,9 @@ def _check_key_pair(public: bytes, secret: bytes, who: str) -> tuple[bytes, byte
     return public, secret
 
 
-def _check_frames(frames: list[bytes], max_message_bytes: int) -> list[bytes]:
+def check_frames(frames: list[bytes], max_message_bytes: int) -> list[bytes]:
+    """``frames`` as a list if it is a non-empty sequence of byte frames each at most
+    ``max_message_bytes`` long, else ``ValueError``."""
     if not isinstance(frames, list | tuple) or not frames:
         raise ValueError(f"frames: expected a non-empty list of bytes, got {frames!r:.80}")
     for i, frame in enumerate(frames):

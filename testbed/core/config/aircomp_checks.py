@@ -202,11 +202,11 @@ def check_lab_aircomp(cfg: Any, hw: Any) -> None:
 
     Raises
     ------
-    testbed.core.config.loader.ConfigError
+    testbed.core.config.errors.ConfigError
         Naming the key, its value and what is allowed.
     """
+    from testbed.core.config.errors import ConfigError
     from testbed.core.config.link import link_name
-    from testbed.core.config.loader import ConfigError
 
     if cfg.scheme != "aircomp":
         return

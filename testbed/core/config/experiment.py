@@ -39,7 +39,7 @@ from testbed.core.config.sections import (
     EnergyConfig,
     PowerConfig,
     PrivacyConfig,
-    _Strict,
+    StrictModel,
     int_or_auto,
 )
 from testbed.core.extensions import absolute_paths, check_import_syntax, is_import_string
@@ -79,7 +79,7 @@ DEFAULT_DATA_DIRS: dict[str, str | None] = {
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(StrictModel):
     """One experiment: what to train, over which link, with which privacy scheme."""
 
     name: str = Field(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from testbed.core.config.experiment import ExperimentConfig
-from testbed.core.config.hardware import HardwareConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only named in annotations: the config modules import this one
+    from testbed.core.config.experiment import ExperimentConfig
+    from testbed.core.config.hardware import HardwareConfig
 
 
 def link_name(exp: ExperimentConfig, hw: HardwareConfig) -> str:

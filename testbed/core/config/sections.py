@@ -1,7 +1,7 @@
 """The sections of the experiment config
 (:class:`~testbed.core.config.experiment.ExperimentConfig`): clipping, compression, privacy,
 transmit power, computing energy and where the model computes, each a strict pydantic
-model on the common base ``_Strict`` (the rules on types and ranges are in
+model on the common base ``StrictModel`` (the rules on types and ranges are in
 :mod:`testbed.core.config.experiment`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """Base: unknown keys are errors, values are not coerced across kinds, floats finite.
 
     Strict mode refuses ``true`` or ``"5"`` for an integer and for a number, and an integer
@@ -24,7 +24,7 @@ class _Strict(BaseModel):
     )
 
 
-class ClipConfig(_Strict):
+class ClipConfig(StrictModel):
     """Clipping of the local differential before any noise (SEED-NOTES item 1).
 
     ``mode: coordinate`` clips every coordinate to ``|g_j| <= bound / sqrt(d)`` (the paper's
@@ -39,7 +39,7 @@ class ClipConfig(_Strict):
     )
 
 
-class CompressionConfig(_Strict):
+class CompressionConfig(StrictModel):
     """C_{q,s} of 003 eq. (8): random sparsification then stochastic quantization."""
 
     sparsify: bool = True
@@ -48,7 +48,7 @@ class CompressionConfig(_Strict):
     levels: int = Field(16, ge=1, le=1 << 20, description="Q, quantization levels")
 
 
-class PrivacyConfig(_Strict):
+class PrivacyConfig(StrictModel):
     """Privacy targets and artificial noise."""
 
     epsilon: float = Field(5.0, gt=0, description="per-device target epsilon (finite)")
@@ -184,7 +184,7 @@ class PrivacyConfig(_Strict):
         return self.accountant if self.unit == "record" else self.accounting
 
 
-class PowerConfig(_Strict):
+class PowerConfig(StrictModel):
     """Transmit scaling."""
 
     alpha: float | None = Field(
@@ -198,7 +198,7 @@ class PowerConfig(_Strict):
     )
 
 
-class EnergyConfig(_Strict):
+class EnergyConfig(StrictModel):
     """Computing energy: the model (003 Section V-A) or a power meter (``source``)."""
 
     e_comp_j: float = Field(
@@ -235,7 +235,7 @@ DEVICE_ALLOWED = (
 )
 
 
-class ComputeConfig(_Strict):
+class ComputeConfig(StrictModel):
     """Where local training, per-example gradients and evaluation compute.
 
     ``device: auto`` takes the first CUDA device when torch sees one, else the CPU; ``cpu``

@@ -51,6 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, ClassVar, Protocol
 
+from testbed.core.durable import fsync_dir
 from testbed.core.privacy.accountant import PrivacyAccountant
 from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.events import UploadEvent
@@ -72,7 +73,6 @@ from testbed.core.privacy.ledger_verified import (
     write_verified,
 )
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
-from testbed.core.rundir import fsync_dir
 
 __all__ = [
     "EVENT_TYPES",

@@ -38,13 +38,13 @@ from testbed.core.privacy.events import EventError
 from testbed.core.privacy.record_compose import ContributionKey, RdpEngine
 from testbed.core.privacy.record_device_level import device_level_epsilon
 from testbed.core.privacy.record_epsilon import (
-    _RECORD_CLASSES,
     DEFAULT_PLD_DISCRETIZATION,
+    RECORD_CLASSES,
     AnyRecordEvent,
     RecordEpsilon,
-    _check_delta,
-    _engine,
-    _result,
+    check_delta,
+    epsilon_result,
+    make_engine,
 )
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.core.privacy.replay_runs import advance_run, run_starts
@@ -110,8 +110,8 @@ class RecordAccountant:
     def __init__(self, accountant: str = "rdp", delta: float = 1e-5, *,
                  relation: str = "add-remove", z_resolution: float | None = None,
                  pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> None:
-        self._engine = _engine(accountant, relation, z_resolution, pld_discretization)
-        self._delta = _check_delta("RecordAccountant", delta)
+        self._engine = make_engine(accountant, relation, z_resolution, pld_discretization)
+        self._delta = check_delta("RecordAccountant", delta)
         engine = self._engine
 
         def compose(state: Any, key: Any) -> Any:
@@ -158,7 +158,7 @@ class RecordAccountant:
         return tuple(self._events.get(device, ()))
 
     def _check(self, event: AnyRecordEvent) -> None:
-        if not isinstance(event, _RECORD_CLASSES):
+        if not isinstance(event, RECORD_CLASSES):
             raise TypeError(
                 f"expected a RecordEvent or LaplaceRecordEvent, got {type(event).__name__}"
             )
@@ -190,14 +190,14 @@ class RecordAccountant:
     def _node_result(self, node: Node) -> RecordEpsilon:
         result = node.result
         if result is None:
-            result = node.result = _result(self._engine, node.state, self._delta, node.events,
-                                           node.steps)
+            result = node.result = epsilon_result(self._engine, node.state, self._delta,
+                                                  node.events, node.steps)
         return result  # type: ignore[no-any-return]
 
     def add(self, event: AnyRecordEvent) -> None:
         """Record one event (``steps`` subsampled-Gaussian steps of ``event.device``, or one
         full-batch Laplace release)."""
-        if type(event) not in _RECORD_CLASSES or event.relation != self._relation:
+        if type(event) not in RECORD_CLASSES or event.relation != self._relation:
             self._check(event)  # raises (or accepts a subclass)
         device = event.device
         node = self._trie.child(self._nodes.get(device, self._trie.root), self._key(event))
@@ -224,7 +224,7 @@ class RecordAccountant:
         ends = [*starts[1:], len(events)] if starts else []
         for a, b in zip(starts, ends, strict=True):
             first = events[a]
-            if type(first) not in _RECORD_CLASSES or first.relation != relation:
+            if type(first) not in RECORD_CLASSES or first.relation != relation:
                 self._check(first)  # raises (or accepts a subclass)
             key = first.derived(token, compute)
             advance_run(events[a:b], key, child, root, nodes, history)
@@ -281,7 +281,7 @@ class RecordAccountant:
             part = (self._engine.laplace_contribution(z, steps) if kind == "laplace"
                     else self._engine.contribution(q, z, steps))
             state = self._engine.compose(state, part)
-        result = _result(self._engine, state, self._delta, node.events, node.steps)
+        result = epsilon_result(self._engine, state, self._delta, node.events, node.steps)
         if len(self._no_channel_results) >= _NO_CHANNEL_CACHE_SIZE:
             self._no_channel_results.clear()
         self._no_channel_results[cache_key] = result

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 
 from testbed.core.privacy.exact_sum import ExactSum
-from testbed.core.privacy.record_epsilon import _RECORD_CLASSES, AnyRecordEvent, _check_delta
+from testbed.core.privacy.record_epsilon import RECORD_CLASSES, AnyRecordEvent, check_delta
 from testbed.core.privacy.record_events import LaplaceRecordEvent
 
 _GAUSSIAN_DP_CACHE_SIZE = 65536
@@ -51,7 +51,7 @@ def device_level_epsilon(events: Iterable[AnyRecordEvent], delta: float) -> floa
     ``eps / 1e-4`` points at device-level epsilons in the thousands), added to the Gaussian
     part's epsilon at ``delta`` (basic composition of ``(e1, delta)`` and ``(e2, 0)``).
     """
-    delta = _check_delta("device_level_epsilon", delta)
+    delta = check_delta("device_level_epsilon", delta)
     level = DeviceLevelSum()
     for event in events:
         level.add(event)
@@ -85,7 +85,7 @@ class DeviceLevelSum:
 
     def add(self, event: AnyRecordEvent) -> None:
         """Add one event (``TypeError`` for anything but a record-level event)."""
-        if not isinstance(event, _RECORD_CLASSES):
+        if not isinstance(event, RECORD_CLASSES):
             raise TypeError(
                 f"expected RecordEvents or LaplaceRecordEvents, got {type(event).__name__}"
             )

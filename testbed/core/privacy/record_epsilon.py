@@ -24,7 +24,8 @@ DEFAULT_PLD_DISCRETIZATION = 1e-3
 DEFAULT_Z_RESOLUTION = {"rdp": 0.0, "pld": 1e-3}
 #: Any record-level event.
 AnyRecordEvent = RecordEvent | LaplaceRecordEvent | AirCompEvent
-_RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent, AirCompEvent)
+#: The classes of :data:`AnyRecordEvent`, for ``isinstance``.
+RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent, AirCompEvent)
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,13 @@ class RecordEpsilon:
     order_at_edge: bool = False
 
 
-def _engine(accountant: str, relation: str, z_resolution: float | None,
-            pld_discretization: float) -> RdpEngine | PldEngine:
+def make_engine(accountant: str, relation: str, z_resolution: float | None,
+                pld_discretization: float) -> RdpEngine | PldEngine:
+    """The composition engine of ``accountant`` (``rdp`` or ``pld``) for ``relation``.
+
+    ``z_resolution``: grid on which noise multipliers are rounded down (``None``: the
+    accountant's default); ``pld_discretization``: the PLD's loss grid. Raises ``ValueError``
+    on a value out of range."""
     if accountant not in RECORD_ACCOUNTANTS:
         raise ValueError(f"accountant={accountant!r} not in {RECORD_ACCOUNTANTS}")
     if relation not in RELATIONS:
@@ -78,14 +84,17 @@ def _engine(accountant: str, relation: str, z_resolution: float | None,
     return PldEngine(relation, float(res), float(pld_discretization))
 
 
-def _check_delta(where: str, delta: Any) -> float:
+def check_delta(where: str, delta: Any) -> float:
+    """``delta`` as a float if it lies in ``(0, 1)``, else ``ValueError`` naming ``where``."""
     if isinstance(delta, bool) or not (isinstance(delta, int | float) and 0 < delta < 1):
         raise ValueError(f"{where}: delta={delta!r} must lie in (0, 1)")
     return float(delta)
 
 
-def _result(engine: RdpEngine | PldEngine, state: Any, delta: float, events: int,
-            steps: int) -> RecordEpsilon:
+def epsilon_result(engine: RdpEngine | PldEngine, state: Any, delta: float, events: int,
+                   steps: int) -> RecordEpsilon:
+    """The :class:`RecordEpsilon` of ``state`` (composed by ``engine``) at ``delta``; warns
+    (:class:`OrderAtEdgeWarning`) when the best Renyi order lies at the edge of the grid."""
     if events == 0:
         eps, order, edge = 0.0, (math.inf if engine.name == "rdp" else math.nan), False
     else:

@@ -12,9 +12,9 @@ import math
 from testbed.core.privacy.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
     RecordEpsilon,
-    _check_delta,
-    _engine,
-    _result,
+    check_delta,
+    epsilon_result,
+    make_engine,
 )
 from testbed.core.privacy.record_events import RELATIONS
 
@@ -40,16 +40,16 @@ def record_epsilon_for(*, q: float, z: float, steps: int, delta: float,
     accountant, relation, z_resolution, pld_discretization
         As for :class:`RecordAccountant` (``z_resolution`` defaults to exact here).
     """
-    _check_delta("record_epsilon_for", delta)
+    check_delta("record_epsilon_for", delta)
     if isinstance(q, bool) or not (isinstance(q, int | float) and 0 < q <= 1):
         raise ValueError(f"record_epsilon_for: q={q!r} must lie in (0, 1]")
     if isinstance(z, bool) or not (isinstance(z, int | float) and z >= 0):
         raise ValueError(f"record_epsilon_for: z={z!r} must be >= 0")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"record_epsilon_for: steps={steps!r} must be an integer >= 1")
-    engine = _engine(accountant, relation, z_resolution, pld_discretization)
+    engine = make_engine(accountant, relation, z_resolution, pld_discretization)
     state = engine.compose(engine.identity(), engine.contribution(q, z, steps))
-    return _result(engine, state, float(delta), 1, steps)
+    return epsilon_result(engine, state, float(delta), 1, steps)
 
 
 def calibrate_noise_multiplier(*, q: float, steps: int, target_epsilon: float, delta: float,
@@ -66,7 +66,7 @@ def calibrate_noise_multiplier(*, q: float, steps: int, target_epsilon: float, d
     """
     from testbed.core.privacy.record_calibration import calibrate
 
-    _check_delta("calibrate_noise_multiplier", delta)
+    check_delta("calibrate_noise_multiplier", delta)
     if isinstance(target_epsilon, bool) or not (
         isinstance(target_epsilon, int | float) and 0 < target_epsilon < math.inf
     ):
@@ -74,7 +74,7 @@ def calibrate_noise_multiplier(*, q: float, steps: int, target_epsilon: float, d
                          "must be finite and > 0")
     record_epsilon_for(q=q, z=1.0, steps=steps, delta=delta, accountant=accountant,
                        relation=relation)  # validates q, steps and names
-    engine = _engine(accountant, relation, z_resolution, pld_discretization)
+    engine = make_engine(accountant, relation, z_resolution, pld_discretization)
     return calibrate(engine, q=float(q), steps=steps, target_epsilon=float(target_epsilon),
                      delta=float(delta))
 
@@ -95,14 +95,14 @@ def laplace_epsilon_for(*, b: float, count: int, delta: float, accountant: str =
         As for :class:`RecordAccountant` (the same engines, so the enforced accountant of a
         run with these events reports exactly this).
     """
-    _check_delta("laplace_epsilon_for", delta)
+    check_delta("laplace_epsilon_for", delta)
     if isinstance(b, bool) or not (isinstance(b, int | float) and b >= 0):
         raise ValueError(f"laplace_epsilon_for: b={b!r} must be >= 0")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"laplace_epsilon_for: count={count!r} must be an integer >= 1")
-    engine = _engine(accountant, relation, None, pld_discretization)
+    engine = make_engine(accountant, relation, None, pld_discretization)
     state = engine.compose(engine.identity(), engine.laplace_contribution(float(b), count))
-    return _result(engine, state, float(delta), count, count)
+    return epsilon_result(engine, state, float(delta), count, count)
 
 
 def calibrate_laplace_noise_multiplier(*, count: int, target_epsilon: float, delta: float,
@@ -119,7 +119,7 @@ def calibrate_laplace_noise_multiplier(*, count: int, target_epsilon: float, del
     ``LaplaceDpEvent(b)``) and enlarged by the ratio it reports until it reports at most the
     target: the PLD's pessimistic discretization may add up to ``count`` x the interval.
     """
-    _check_delta("calibrate_laplace_noise_multiplier", delta)
+    check_delta("calibrate_laplace_noise_multiplier", delta)
     if isinstance(target_epsilon, bool) or not (
         isinstance(target_epsilon, int | float) and 0 < target_epsilon < math.inf
     ):

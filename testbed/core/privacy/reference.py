@@ -22,8 +22,8 @@ from testbed.core.privacy.rdp import gaussian_epsilon
 from testbed.core.privacy.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
     RecordEpsilon,
-    _engine,
-    _result,
+    epsilon_result,
+    make_engine,
 )
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.core.privacy.strict import strict_coefficient
@@ -82,7 +82,7 @@ class ReferenceRecordAccountant:
     def __init__(self, accountant: str = "rdp", delta: float = 1e-5, *,
                  relation: str = "add-remove", z_resolution: float | None = None,
                  pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> None:
-        self._engine = _engine(accountant, relation, z_resolution, pld_discretization)
+        self._engine = make_engine(accountant, relation, z_resolution, pld_discretization)
         self._delta = float(delta)
         self._states: dict[int, Any] = {}
         self._events: dict[int, int] = {}
@@ -106,8 +106,8 @@ class ReferenceRecordAccountant:
                 and pending[2] is base:
             return pending[3], pending[4]
         new = self._engine.compose(base, self._contribution(event))
-        result = _result(self._engine, new, self._delta, self._events.get(device, 0) + 1,
-                         self._steps.get(device, 0) + event.steps)
+        result = epsilon_result(self._engine, new, self._delta, self._events.get(device, 0) + 1,
+                                self._steps.get(device, 0) + event.steps)
         return new, result
 
     def add(self, event: RecordEvent | LaplaceRecordEvent) -> None:
@@ -122,8 +122,8 @@ class ReferenceRecordAccountant:
     def epsilon(self, device: int) -> RecordEpsilon:
         """The device's record-level epsilon over every event recorded so far."""
         if device not in self._results:
-            self._results[device] = _result(self._engine, self._engine.identity(),
-                                            self._delta, 0, 0)
+            self._results[device] = epsilon_result(self._engine, self._engine.identity(),
+                                                   self._delta, 0, 0)
         return self._results[device]
 
     def epsilon_if(self, device: int, event: RecordEvent | LaplaceRecordEvent) -> RecordEpsilon:

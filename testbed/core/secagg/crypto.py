@@ -23,7 +23,8 @@ RandomBytes = Callable[[int], bytes]
 
 #: Shamir field: the Mersenne prime 2^521 - 1 (> 2^256, so any 32-byte secret fits).
 SHAMIR_PRIME = 2**521 - 1
-_KEY_BYTES = 32
+#: Bytes of every derived key and seed (AES-256, the Shamir-shared seeds).
+KEY_BYTES = 32
 _INFO_PAIR = b"dpfl-testbed/secagg/v1/pairwise-mask"
 _INFO_SELF = b"dpfl-testbed/secagg/v1/self-mask"
 _INFO_CHANNEL = b"dpfl-testbed/secagg/v1/share-channel"
@@ -33,10 +34,12 @@ _INFO_CHANNEL = b"dpfl-testbed/secagg/v1/share-channel"
 
 
 def _hkdf(secret: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=None, info=info).derive(secret)
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
 
 
-def _ids(*values: int) -> bytes:
+def id_bytes(*values: int) -> bytes:
+    """The integers ``values`` as 8-byte big-endian words, concatenated (HKDF ``info``
+    suffixes: round, device ids)."""
     return b"".join(int(v).to_bytes(8, "big") for v in values)
 
 
@@ -48,12 +51,12 @@ def pairwise_seed(private: X25519PrivateKey, peer_public: bytes, *, round_index:
     HKDF's ``info`` for domain separation.
     """
     shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
-    return _hkdf(shared, _INFO_PAIR + _ids(round_index, min(a, b), max(a, b)))
+    return _hkdf(shared, _INFO_PAIR + id_bytes(round_index, min(a, b), max(a, b)))
 
 
 def self_mask_seed(seed: bytes, *, round_index: int, device: int) -> bytes:
     """AES key of device ``device``'s self-mask from its random seed ``b_i``."""
-    return _hkdf(seed, _INFO_SELF + _ids(round_index, device))
+    return _hkdf(seed, _INFO_SELF + id_bytes(round_index, device))
 
 
 def expand_mask(seed: bytes, dimension: int, modulus_bits: int) -> UInt64Array:
@@ -62,23 +65,25 @@ def expand_mask(seed: bytes, dimension: int, modulus_bits: int) -> UInt64Array:
     AES-256-CTR keystream (zero IV: every seed is a fresh HKDF output used for one stream),
     read as little-endian uint64 and reduced mod ``2^k``: uniform if AES is a PRF.
     """
-    if len(seed) != _KEY_BYTES:
-        raise ValueError(f"expand_mask: seed of {len(seed)} bytes, need {_KEY_BYTES}")
+    if len(seed) != KEY_BYTES:
+        raise ValueError(f"expand_mask: seed of {len(seed)} bytes, need {KEY_BYTES}")
     enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
     stream = enc.update(bytes(8 * dimension)) + enc.finalize()
     out = np.frombuffer(stream, dtype="<u8").astype(np.uint64)
     return out & np.uint64((1 << modulus_bits) - 1)
 
 
-def _sign(owner: int, peer: int) -> int:
+def mask_sign(owner: int, peer: int) -> int:
     """Device ``owner`` adds ``+PRG(s)`` for a peer with a larger id, ``-PRG(s)`` otherwise."""
     return 1 if peer > owner else -1
 
 
-def _channel_key(private: X25519PrivateKey, peer_public: bytes, round_index: int,
-                 a: int, b: int) -> AESGCM:
+def channel_key(private: X25519PrivateKey, peer_public: bytes, round_index: int,
+                a: int, b: int) -> AESGCM:
+    """AES-GCM key of the share channel between devices ``a`` and ``b`` in round
+    ``round_index``, from X25519 of ``private`` with ``peer_public`` (the same for both)."""
     shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
-    return AESGCM(_hkdf(shared, _INFO_CHANNEL + _ids(round_index, min(a, b), max(a, b))))
+    return AESGCM(_hkdf(shared, _INFO_CHANNEL + id_bytes(round_index, min(a, b), max(a, b))))
 
 
 # ------------------------------------------------------------------------ Shamir
@@ -117,7 +122,7 @@ def shamir_split(secret: bytes, *, threshold: int, xs: Sequence[int],
 
 
 def shamir_combine(shares: Sequence[ShamirShare], *, threshold: int,
-                   length: int = _KEY_BYTES) -> bytes:
+                   length: int = KEY_BYTES) -> bytes:
     """Recover the secret (``length`` bytes) from at least ``threshold`` shares (Lagrange at 0)."""
     pts = list({s.x: s for s in shares}.values())[:threshold]
     if len(pts) < threshold:

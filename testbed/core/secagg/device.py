@@ -13,19 +13,19 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from testbed.core.secagg import ProtocolError, SecAggAbortError
 from testbed.core.secagg.codec import FixedPointCodec
 from testbed.core.secagg.crypto import (
-    _KEY_BYTES,
+    KEY_BYTES,
     RandomBytes,
     ShamirShare,
-    _channel_key,
-    _ids,
-    _sign,
+    channel_key,
     expand_mask,
+    id_bytes,
+    mask_sign,
     pairwise_seed,
     self_mask_seed,
     shamir_split,
 )
 from testbed.core.secagg.messages import (
-    _MIN_DEVICES,
+    MIN_DEVICES,
     AdvertiseKeys,
     EncryptedShare,
     MaskedInput,
@@ -71,9 +71,9 @@ class SecAggDevice:
         self.codec = codec
         self.self_masks = self_masks
         self._random = random_bytes
-        self._mask_key = X25519PrivateKey.from_private_bytes(random_bytes(_KEY_BYTES))
-        self._channel = X25519PrivateKey.from_private_bytes(random_bytes(_KEY_BYTES))
-        self._seed = random_bytes(_KEY_BYTES) if self_masks else b""
+        self._mask_key = X25519PrivateKey.from_private_bytes(random_bytes(KEY_BYTES))
+        self._channel = X25519PrivateKey.from_private_bytes(random_bytes(KEY_BYTES))
+        self._seed = random_bytes(KEY_BYTES) if self_masks else b""
         self._state = "new"
         self._roster: Roster | None = None
         self._participants: frozenset[int] = frozenset()
@@ -99,7 +99,7 @@ class SecAggDevice:
             raise ProtocolError(f"device {self.device_id}: roster of round "
                                 f"{roster.round_index} does not list it")
         members = sorted(roster.keys)
-        if len(members) < _MIN_DEVICES or not 2 <= roster.threshold <= len(members) - 1:
+        if len(members) < MIN_DEVICES or not 2 <= roster.threshold <= len(members) - 1:
             raise ProtocolError(f"device {self.device_id}: threshold {roster.threshold} "
                                 f"outside [2, {len(members) - 1}] for {len(members)} devices")
         xs = [j + 1 for j in members]  # every member of U1, this device included
@@ -113,11 +113,11 @@ class SecAggDevice:
             if j == self.device_id:  # kept: it answers for its own self-mask seed
                 self._held[j] = (ss if self.self_masks else None, ks)
                 continue
-            aead = _channel_key(self._channel, roster.keys[j].channel_public,
-                                self.round_index, self.device_id, j)
+            aead = channel_key(self._channel, roster.keys[j].channel_public,
+                               self.round_index, self.device_id, j)
             nonce = self._random(12)
             plain = ss.y.to_bytes(_SHARE_BYTES, "big") + ks.y.to_bytes(_SHARE_BYTES, "big")
-            aad = _ids(self.round_index, self.device_id, j)
+            aad = id_bytes(self.round_index, self.device_id, j)
             out.append(EncryptedShare(self.device_id, j, nonce, aead.encrypt(nonce, plain, aad)))
         self._roster = roster
         self._state = "shared"
@@ -139,10 +139,10 @@ class SecAggDevice:
             if msg.recipient != self.device_id or msg.sender not in u2:
                 raise ProtocolError(f"device {self.device_id}: unexpected share {msg.sender}"
                                     f"->{msg.recipient}")
-            aead = _channel_key(self._channel, self._roster.keys[msg.sender].channel_public,
-                                self.round_index, self.device_id, msg.sender)
+            aead = channel_key(self._channel, self._roster.keys[msg.sender].channel_public,
+                               self.round_index, self.device_id, msg.sender)
             plain = aead.decrypt(msg.nonce, msg.ciphertext,
-                                 _ids(self.round_index, msg.sender, self.device_id))
+                                 id_bytes(self.round_index, msg.sender, self.device_id))
             x = self.device_id + 1
             seed_y = int.from_bytes(plain[:_SHARE_BYTES], "big")
             key_y = int.from_bytes(plain[_SHARE_BYTES:], "big")
@@ -175,7 +175,7 @@ class SecAggDevice:
             s = pairwise_seed(self._mask_key, self._roster.keys[j].mask_public,
                               round_index=self.round_index, a=self.device_id, b=j)
             m = expand_mask(s, self.dimension, k)
-            y = c.add(y, m) if _sign(self.device_id, j) > 0 else c.sub(y, m)
+            y = c.add(y, m) if mask_sign(self.device_id, j) > 0 else c.sub(y, m)
         self._state = "masked"
         y.setflags(write=False)
         return MaskedInput(self.device_id, self.round_index, y)

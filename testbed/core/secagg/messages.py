@@ -10,7 +10,7 @@ from testbed.core.secagg.codec import UInt64Array
 from testbed.core.secagg.crypto import ShamirShare
 
 #: Fewest devices a roster (``U1``) may list.
-_MIN_DEVICES = 3
+MIN_DEVICES = 3
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,14 @@ from testbed.core.secagg import ProtocolError, SecAggAbortError
 from testbed.core.secagg.codec import FixedPointCodec
 from testbed.core.secagg.crypto import (
     ShamirShare,
-    _sign,
     expand_mask,
+    mask_sign,
     pairwise_seed,
     self_mask_seed,
     shamir_combine,
 )
 from testbed.core.secagg.messages import (
-    _MIN_DEVICES,
+    MIN_DEVICES,
     AdvertiseKeys,
     EncryptedShare,
     MaskedInput,
@@ -85,9 +85,9 @@ class SecAggServer:
         self._expect("keys", "publish the roster")
         keys = {m.device: m for m in self.view.keys}
         n1 = len(keys)
-        if n1 < _MIN_DEVICES:
+        if n1 < MIN_DEVICES:
             raise SecAggAbortError(f"server: |U1|={n1} devices advertised keys, need "
-                                   f"{_MIN_DEVICES}")
+                                   f"{MIN_DEVICES}")
         t = n1 // 2 + 1 if self._threshold is None else self._threshold
         if isinstance(t, bool) or not isinstance(t, int) or not 2 <= t <= n1 - 1:
             raise ValueError(f"SecAggServer: threshold={t!r} must be an integer in "
@@ -194,7 +194,7 @@ class SecAggServer:
                 pair = pairwise_seed(secret, self._roster.keys[i].mask_public,
                                      round_index=self.round_index, a=i, b=j)
                 m = expand_mask(pair, self.dimension, k)
-                total = c.sub(total, m) if _sign(i, j) > 0 else c.add(total, m)
+                total = c.sub(total, m) if mask_sign(i, j) > 0 else c.add(total, m)
         signed = c.to_signed(total)
         if np.any(np.abs(signed) > len(self._u3) * c.max_int):
             raise SecAggAbortError("server: unmasking left a residue (inconsistent masks)")

@@ -25,6 +25,7 @@ Power unit: symbol power, as every link (:mod:`radio.link`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -301,6 +302,40 @@ def alignment_margin(snr_linear: float, confidence: float, kappa: float,
         raise ValueError(f"a pilot of {pilot_symbols} symbols at SNR {snr_linear:.3g} cannot "
                          "bound the gain away from 0")
     return (kappa * (1.0 - r) / (1.0 + r)) ** 2
+
+
+def binding_margin(snrs_linear: Sequence[float], confidence: float, kappa: float,
+                   credited_others: int, pilot_symbols: int = PILOT_SYMBOLS) -> float:
+    """The ``others_margin`` to calibrate the noise shares with when the devices' pilots
+    arrive at different SNRs: the expected ``(rho_lo_j / rho_hi_w)^2`` of the device ``w``
+    whose gain is least certain (the lowest SNR: its events spend the most), averaged over
+    the ``credited_others`` of the others whose shares it credits least (the gate withholds
+    the largest shares), each with :func:`expected_radius` and a tenth more:
+
+        m = kappa^2 mean_j ((1 - r_j) / (1 + r_w))^2.
+
+    With every SNR equal it is :func:`alignment_margin`. A round whose pilots come out
+    worse is refused by the budget gate, never over-credited.
+
+    Raises
+    ------
+    ValueError
+        Fewer than one SNR, a non-positive SNR, ``confidence`` outside ``(0, 1)``, ``kappa``
+        outside ``(0, 1]``, or a pilot that cannot bound a gain away from 0.
+    """
+    if not snrs_linear or not all(x > 0 for x in snrs_linear):
+        raise ValueError(f"need at least one SNR, all > 0; got {list(snrs_linear)}")
+    if not (0 < confidence < 1 and 0 < kappa <= 1):
+        raise ValueError("need confidence in (0, 1) and kappa in (0, 1]")
+    radii = [1.1 * expected_radius(x, confidence, pilot_symbols) for x in snrs_linear]
+    worst = max(range(len(radii)), key=lambda k: radii[k])
+    if radii[worst] >= 1:
+        raise ValueError(f"a pilot of {pilot_symbols} symbols at SNR "
+                         f"{snrs_linear[worst]:.3g} cannot bound the gain away from 0")
+    others = sorted(radii[:worst] + radii[worst + 1:], reverse=True)[:max(credited_others, 0)]
+    credited = others or [radii[worst]]
+    return kappa**2 * sum(((1.0 - r) / (1.0 + radii[worst])) ** 2
+                          for r in credited) / len(credited)
 
 
 def slot_symbols(waveform: WaveformParams, n_payload: int) -> int:

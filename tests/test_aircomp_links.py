@@ -22,7 +22,8 @@ from radio.aircomp_air import (
 )
 from radio.link import Reception
 from radio.modem import demodulate, modulate
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.links import waveform_params
 from testbed.runner import run_experiment
 from tests.radio_helpers import require_gnuradio
@@ -233,12 +234,36 @@ def test_lost_pilots_lose_the_round_not_the_run(tmp_path: Path,
     assert sorted({e["round"] for e in events}) == [0, 2]
 
 
-def test_virtual_radios_calibrate_the_shares_at_the_weakest_budgeted_path() -> None:
-    """On virtual radios the noise shares are calibrated for the weakest path's link budget
-    (here 119 dB of attenuation: 17 dB), not the config's ``snr_db`` (20 dB): the shares
-    calibrated at 20 dB spent the 900-round job's budget 12 rounds early."""
+def test_binding_margin_is_the_alignment_margin_at_one_snr_and_follows_the_least_certain() -> None:
+    from radio.aircomp_air import binding_margin
+
+    c, kappa = 1 - 1e-8, 0.97
+    assert binding_margin([100.0] * 5, c, kappa, 4) == pytest.approx(
+        alignment_margin(100.0, c, kappa))
+    # closed form with two SNRs: the weakest device's own radius against the others'
+    snrs = [100.0, 50.0, 100.0, 100.0]
+    r = [1.1 * expected_radius(x, c) for x in snrs]
+    want = kappa**2 * ((1 - r[0]) / (1 + r[1])) ** 2
+    assert binding_margin(snrs, c, kappa, 3) == pytest.approx(want)
+    # between the margins at the weakest SNR and at the best one
+    assert alignment_margin(50.0, c, kappa) < binding_margin(snrs, c, kappa, 3) \
+        < alignment_margin(100.0, c, kappa)
+    # the gate withholds the largest shares: the credited others are the least certain
+    mixed = [100.0, 50.0, 60.0, 400.0]
+    r = [1.1 * expected_radius(x, c) for x in mixed]
+    assert binding_margin(mixed, c, kappa, 1) == pytest.approx(
+        kappa**2 * ((1 - r[2]) / (1 + r[1])) ** 2)
+    with pytest.raises(ValueError, match="cannot bound"):
+        binding_margin([1e-4, 100.0], c, kappa, 1)
+
+
+def test_virtual_radios_calibrate_the_shares_at_each_budgeted_path() -> None:
+    """On virtual radios the noise shares are calibrated for each path's link budget
+    (attenuations 116 to 119 dB: 20 to 17 dB), not the config's ``snr_db`` (20 dB for all):
+    the shares calibrated at 20 dB spent the 900-round job's budget 12 rounds early."""
+    from radio.aircomp_air import binding_margin
     from radio.link_budget import budget_snr_db
-    from testbed.core.config.aircomp_checks import aircomp_margin, weakest_snr_db
+    from testbed.core.config.aircomp_checks import aircomp_margin, expected_snrs_db
     from testbed.core.config.hardware import virtual_budget_snr_db
 
     hw_path = "hw_configs/virtual_lab_aircomp_10.yaml"
@@ -250,15 +275,21 @@ def test_virtual_radios_calibrate_the_shares_at_the_weakest_budgeted_path() -> N
     expected = budget_snr_db(0.1 * 10 ** (-119.0 / 10), 200e3, 290.0, 5.0)
     assert virtual_budget_snr_db(hw, 3) == pytest.approx(expected)
     assert 16.5 < expected < 17.5
-    assert weakest_snr_db(cfg, hw, "usrp") == pytest.approx(expected)
+    snrs = expected_snrs_db(cfg, hw, "usrp")
+    assert snrs[3] == pytest.approx(expected) and min(snrs) == pytest.approx(expected)
+    assert max(snrs) == pytest.approx(expected + 3.0)  # the 116 dB paths
     w = hw.waveform
     kappa = noise_gain_lower(w.aircomp_timing_error_samples, w.samples_per_symbol, w.rolloff)
     margin = aircomp_margin(cfg, hw)
-    assert margin == pytest.approx(alignment_margin(10 ** (expected / 10), cfg.n0_confidence(),
-                                                    kappa))
-    assert margin < alignment_margin(100.0, cfg.n0_confidence(), kappa)  # below 20 dB's
+    conf = cfg.n0_confidence()
+    assert margin == pytest.approx(binding_margin([10 ** (x / 10) for x in snrs], conf,
+                                                  kappa, 9))
+    # below the margin at the config's 20 dB, above the one at the weakest path for all
+    assert alignment_margin(10 ** (expected / 10), conf, kappa) < margin \
+        < alignment_margin(100.0, conf, kappa)
     # off the usrp link the configured snr_db stands
-    symbol = load_experiment("testbed/config/aircomp-fedsgd.yaml",
-                             ["devices=10", f"hw_config={hw_path}", "link=waveform"])
-    assert weakest_snr_db(symbol, hw, "waveform") == 20.0
+    wave = load_experiment("testbed/config/aircomp-fedsgd.yaml",
+                           ["devices=10", f"hw_config={hw_path}", "link=waveform"])
+    assert expected_snrs_db(wave, hw, "waveform") == [20.0] * 10
+    assert aircomp_margin(wave, hw) == pytest.approx(alignment_margin(100.0, conf, kappa))
     assert virtual_budget_snr_db(load_hardware("sim"), 0) is None

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Links aircomp runs on in this version (``usrp``: real or virtual radios, lab processes).
-AIRCOMP_LINKS = ("symbol", "waveform", "gnuradio", "usrp")
+from radio.units import db_to_ratio
+from testbed.core.config.link import LINKS
+
+#: Links aircomp runs on in this version: every link (``usrp``: real or virtual radios, lab
+#: processes).
+AIRCOMP_LINKS: tuple[str, ...] = LINKS
 #: Of those, the links whose receiver estimates the paths from pilot frames.
 AIRCOMP_FRAME_LINKS = ("waveform", "gnuradio")
 
@@ -113,13 +117,11 @@ def check_aircomp_link(cfg: Any, hw: Any, link: str, *, lab: bool = False) -> No
 def aircomp_margin(cfg: Any, hw: Any) -> float:
     """The ``others_margin`` the noise shares are calibrated with
     (:func:`testbed.core.privacy.aircomp_noise.share_sigma`): 1 on the symbol link (the
-    paths are known), else what pilots at the weakest device's SNR are expected to credit
-    after the burst timing error (:func:`radio.aircomp_air.alignment_margin`). On virtual
-    radios the weakest SNR is the virtual air's link budget
-    (:func:`testbed.core.config.hardware.virtual_budget_snr_db`); on real radios the
-    configured ``snr_db`` stands for the pilots' expected SNR: set it to the bench's. A margin
-    above what the pilots credit spends the budget before the planned rounds end."""
-    from radio.aircomp_air import alignment_margin, noise_gain_lower
+    paths are known), else what the pilots are expected to credit the device whose gain is
+    least certain, after the burst timing error (:func:`radio.aircomp_air.binding_margin`,
+    at :func:`expected_snrs_db`). A margin above what the pilots credit spends the budget
+    before the planned rounds end; one below leaves some of it unspent."""
+    from radio.aircomp_air import binding_margin, noise_gain_lower
     from testbed.core.config.link import link_name
 
     name = link_name(cfg, hw)
@@ -127,22 +129,24 @@ def aircomp_margin(cfg: Any, hw: Any) -> float:
         return 1.0
     w = hw.waveform
     kappa = noise_gain_lower(w.aircomp_timing_error_samples, w.samples_per_symbol, w.rolloff)
-    snr = 10.0 ** (weakest_snr_db(cfg, hw, name) / 10.0)
-    return alignment_margin(snr, cfg.n0_confidence(), kappa)
+    snrs = [db_to_ratio(x) for x in expected_snrs_db(cfg, hw, name)]
+    others = cfg.devices - 1 - aircomp_colluding(cfg)
+    return binding_margin(snrs, cfg.n0_confidence(), kappa, others)
 
 
-def weakest_snr_db(cfg: Any, hw: Any, link: str) -> float:
-    """The weakest device's expected pilot SNR (dB, ``Es/N0`` of unit-power symbols) the
-    noise shares are calibrated for: on the ``usrp`` link over virtual radios, the virtual
-    air's link budget of each device's path; else the configured ``snr_db``."""
+def expected_snrs_db(cfg: Any, hw: Any, link: str) -> list[float]:
+    """Each device's expected pilot SNR (dB, ``Es/N0`` of unit-power symbols, shape
+    ``(devices,)``) the noise shares are calibrated for: on the ``usrp`` link over virtual
+    radios, the virtual air's link budget of its path
+    (:func:`testbed.core.config.hardware.virtual_budget_snr_db`); else the configured
+    ``snr_db`` (on real radios: set it to the bench's)."""
     from testbed.core.config.hardware import virtual_budget_snr_db
 
+    configured = cfg.snr_db_per_device()
     if link == "usrp" and hw.virtual:
         budgets = [virtual_budget_snr_db(hw, i) for i in range(cfg.devices)]
-        known = [b for b in budgets if b is not None]
-        if known:
-            return min(known)
-    return min(cfg.snr_db_per_device())
+        return [c if b is None else b for b, c in zip(budgets, configured, strict=True)]
+    return list(configured)
 
 
 def aircomp_colluding(cfg: Any) -> int:

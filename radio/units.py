@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -21,6 +23,17 @@ def noise_var_from_snr_db(snr_db: float, signal_power: float = 1.0) -> float:
     return float(signal_power / db_to_linear(snr_db))
 
 
-def snr_db_from_noise_var(noise_var: float, signal_power: float = 1.0) -> float:
-    """Receive SNR in dB of a stream of ``signal_power`` over noise ``noise_var``."""
-    return float(linear_to_db(signal_power / noise_var))
+def db_to_ratio(x_db: float) -> float:
+    """``10 ** (x_db / 10)`` of one number, in Python floats.
+
+    The scalar form of :func:`db_to_linear`, bit for bit the expression written out: Python's
+    ``**`` (the C library's ``pow``), whose last bit numpy's vectorised ``power`` need not
+    match.
+    """
+    return 10.0 ** (x_db / 10.0)
+
+
+def ratio_to_db(x: float) -> float:
+    """``10 log10(x)`` of one number ``x > 0``, in Python floats (the scalar form of
+    :func:`linear_to_db`); ``ValueError`` for ``x <= 0``, as :func:`math.log10`."""
+    return 10.0 * math.log10(x)

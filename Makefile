@@ -57,6 +57,7 @@ $(STAMP): pyproject.toml
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy testbed edge_device aggregator radio flowgraphs
 
 bench: setup
 	$(VENV)/bin/testbed bench

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from radio.aircomp import aggregation_nmse, amplitude_for, pre_equalize
 from radio.aircomp_air import probe_nmse
 from radio.analog import n_symbols_for, symbols_to_reals
 from radio.link import Link
+from radio.units import ratio_to_db
 from testbed.core.config.aircomp_checks import aircomp_colluding
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
@@ -91,9 +93,12 @@ class AirCompRound:
     def signal_power(self, devices: list[int]) -> float:
         """The bound on ``E|x|^2`` per symbol of the unscaled values (data-independent),
         the largest over ``devices``: every participant is scaled against it."""
-        powers = [self.state.uplinks[i].expected_power for i in devices]
-        assert all(p is not None for p in powers)
-        return max(powers)  # type: ignore[type-var]
+        powers: list[float] = []
+        for i in devices:
+            power = self.state.uplinks[i].expected_power
+            assert power is not None  # every aircomp uplink has its bound
+            powers.append(power)
+        return max(powers)
 
     def plan(self, participants: list[int]) -> tuple[float, dict[int, AirCompEvent]]:
         """``c`` and each participant's event if exactly ``participants`` transmit."""
@@ -191,8 +196,8 @@ def aircomp_round(
                 assert nonce is not None
                 book.commit(events[i], nonce)
         fault_point("after_commit")
-        sent = None if y is None else sum(symbols_to_reals(uploads[i].symbols, state.d)
-                                          for i in order)
+        sent = None if y is None else sum(
+            (symbols_to_reals(uploads[i].symbols, state.d) for i in order), np.zeros(state.d))
         report = slot_report(air, c, order, y, total, sent)
         for i in order:
             up = uploads[i]
@@ -253,7 +258,7 @@ def keep_slot(state: RunState, t: int, order: list[int], entries: dict[int, dict
     others: ``None``; :func:`usable_kept`)."""
     for k, i in enumerate(order):
         vec = total if k == 0 else None
-        timer.timed("keep", lambda i=i, vec=vec: state.rundir.keep_upload(t, i, vec, entries[i]))
+        timer.timed("keep", partial(state.rundir.keep_upload, t, i, vec, entries[i]))
     timer.timed("keep", state.rundir.sync_kept)  # one group commit for the slot
     fault_point("after_inflight")
 
@@ -261,7 +266,7 @@ def keep_slot(state: RunState, t: int, order: list[int], entries: dict[int, dict
 def _nmse_fields(prefix: str, nmse: float) -> dict[str, float]:
     """``{prefix}nmse`` and ``{prefix}nmse_db``."""
     return {f"{prefix}nmse": nmse,
-            f"{prefix}nmse_db": 10 * math.log10(nmse) if nmse > 0 else -math.inf}
+            f"{prefix}nmse_db": ratio_to_db(nmse) if nmse > 0 else -math.inf}
 
 
 def _no_journal(i: int, event: Any, nonce: str | None) -> str | None:  # pragma: no cover

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from testbed.core.data.coded import CodedImages
 from testbed.core.models import set_flat
 
 #: Images per forward pass.
@@ -64,7 +65,7 @@ class SampleScores:
 def sample_scores(
     model: nn.Module,
     w: np.ndarray,
-    x: np.ndarray,
+    x: np.ndarray | CodedImages,
     y: np.ndarray,
     batch_size: int = EVAL_BATCH,
     *,
@@ -125,7 +126,7 @@ def sample_scores(
 def evaluate(
     model: nn.Module,
     w: np.ndarray,
-    x: np.ndarray,
+    x: np.ndarray | CodedImages,
     y: np.ndarray,
     batch_size: int = EVAL_BATCH,
     *,

@@ -107,8 +107,8 @@ def no_channel_figure(devices: Sequence[dict[str, Any]]) -> str:
     """The largest ``epsilon_no_channel`` of the summary's devices, as the outcome line
     shows it (``inf`` when a device has nothing but the channel's noise), or ``not
     reported`` (device unit: ``testbed privacy --trusted 0`` computes it)."""
-    values = [as_number(d.get("epsilon_no_channel")) for d in devices]
-    values = [v for v in values if v is not None]
+    numbers = [as_number(d.get("epsilon_no_channel")) for d in devices]
+    values = [v for v in numbers if v is not None]
     if not values:
         return "not reported"
     return f"{max(values):.3g}"

@@ -31,7 +31,8 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+import torch.nn.grad
+from torch.nn.modules.conv import _ConvNd
 
 Method = Literal["patches", "patches_last", "grouped"]
 #: Reused work arrays by role (``"cols"``, ``"rows"``), grown as needed: a dict a caller
@@ -47,11 +48,11 @@ _CONV_WEIGHT = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight,
                 3: torch.nn.grad.conv3d_weight}
 
 
-def conv_padding(conv: nn.Module) -> tuple[list[int], str]:
+def conv_padding(conv: _ConvNd) -> tuple[list[int], str]:
     """``torch.nn.functional.pad``'s argument (last dimension first) and mode for ``conv``,
     as the layer pads its input (``"same"`` puts the odd element on the right)."""
-    kernel, dilation = conv.kernel_size, conv.dilation  # type: ignore[union-attr]
-    padding = conv.padding  # type: ignore[union-attr]
+    kernel, dilation = conv.kernel_size, conv.dilation
+    padding = conv.padding
     pads: list[int] = []
     for i in reversed(range(len(kernel))):
         if padding == "valid":
@@ -60,13 +61,14 @@ def conv_padding(conv: nn.Module) -> tuple[list[int], str]:
             total = dilation[i] * (kernel[i] - 1)
             left, right = total // 2, total - total // 2
         else:
-            left = right = padding[i]  # type: ignore[index]
+            assert not isinstance(padding, str)  # torch allows only "valid" and "same"
+            left = right = padding[i]
         pads += [left, right]
-    mode = conv.padding_mode  # type: ignore[union-attr]
+    mode = conv.padding_mode
     return pads, "constant" if mode == "zeros" else str(mode)
 
 
-def choose_method(conv: nn.Module, a: torch.Tensor, go: torch.Tensor) -> Method:
+def choose_method(conv: _ConvNd, a: torch.Tensor, go: torch.Tensor) -> Method:
     """The fastest exact method for this layer and these shapes (module docstring).
 
     Parameters
@@ -83,13 +85,13 @@ def choose_method(conv: nn.Module, a: torch.Tensor, go: torch.Tensor) -> Method:
     """
     if a.device.type != "cpu":
         return "patches"
-    groups = conv.groups  # type: ignore[union-attr]
+    groups = conv.groups
     c, out = a.shape[1] // groups, go.shape[1] // groups
     if c % 8 == 0 and out % 8 == 0 and math.prod(go.shape[2:]) >= 64:
         return "grouped"
-    stride, dilation = conv.stride[-1], conv.dilation[-1]  # type: ignore[union-attr,index]
+    stride, dilation = conv.stride[-1], conv.dilation[-1]
     run_first = go.shape[-1] if stride == 1 else 1  # contiguous run, positions innermost
-    run_last = c * (conv.kernel_size[-1] if dilation == 1 else 1)  # type: ignore[union-attr,index]
+    run_last = c * (conv.kernel_size[-1] if dilation == 1 else 1)
     return "patches_last" if groups == 1 and run_last > run_first else "patches"
 
 
@@ -116,7 +118,7 @@ def _scratch(
 def conv_weight_rows(
     a: torch.Tensor,
     go: torch.Tensor,
-    conv: nn.Module,
+    conv: _ConvNd,
     method: Method | None = None,
     scratch: Scratch | None = None,
 ) -> tuple[torch.Tensor, bool]:
@@ -146,8 +148,8 @@ def conv_weight_rows(
     channels_last
         Whether the rows are in the ``(out, *kernel, in)`` layout (``"patches_last"``).
     """
-    kernel, stride, dilation = conv.kernel_size, conv.stride, conv.dilation  # type: ignore[union-attr]
-    groups = conv.groups  # type: ignore[union-attr]
+    kernel, stride, dilation = conv.kernel_size, conv.stride, conv.dilation
+    groups = conv.groups
     method = choose_method(conv, a, go) if method is None else method
     if method not in METHODS or (method == "patches_last" and groups != 1):
         raise ValueError(f"method={method!r} is not one of {METHODS} for groups={groups}")
@@ -195,10 +197,10 @@ def conv_weight_rows(
     return rows.view(b, -1), False
 
 
-def to_weight_layout(flat: torch.Tensor, conv: nn.Module) -> torch.Tensor:
+def to_weight_layout(flat: torch.Tensor, conv: _ConvNd) -> torch.Tensor:
     """A ``(..., p)`` tensor in the ``(out, *kernel, in)`` layout, returned in the weight's
     ``(out, in, *kernel)`` layout (a copy), same shape."""
-    weight = conv.weight  # type: ignore[union-attr]
+    weight = conv.weight
     out, c, *kernel = weight.shape
     lead = flat.shape[:-1]
     x = flat.reshape(*lead, out, *kernel, c).movedim(-1, len(lead) + 1)
@@ -206,7 +208,7 @@ def to_weight_layout(flat: torch.Tensor, conv: nn.Module) -> torch.Tensor:
 
 
 def conv_weight_grad_per_example(
-    a: torch.Tensor, go: torch.Tensor, conv: nn.Module, *, method: Method | None = None
+    a: torch.Tensor, go: torch.Tensor, conv: _ConvNd, *, method: Method | None = None
 ) -> torch.Tensor:
     """Per-example weight gradients of an ``nn.Conv1d`` / ``nn.Conv2d`` / ``nn.Conv3d``.
 

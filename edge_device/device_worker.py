@@ -237,7 +237,7 @@ class DeviceWorker:
         cfg: ExperimentConfig,
         model: torch.nn.Module,
         device: int,
-        x: np.ndarray,
+        x: np.ndarray | CodedImages,
         y: np.ndarray,
         uplink: DeviceUplink,
         record: RecordSettings | None,

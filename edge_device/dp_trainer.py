@@ -375,7 +375,8 @@ class RecordTrainer:
         """``w -= lr * step`` for the flat step whose parameter-shaped ``views`` are given
         (:meth:`_step_buffer`): one multi-tensor update."""
         with torch.no_grad():
-            torch._foreach_add_(self.clipped_sum.params, views, alpha=-lr)
+            # torch's stub wants list[Tensor]; lists are invariant, so list[Parameter] fails
+            torch._foreach_add_(self.clipped_sum.params, views, alpha=-lr)  # type: ignore[arg-type]
 
     def _check(
         self, steps: int, batch: int, lr: float, clip: float, noise_multiplier: float

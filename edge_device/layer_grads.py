@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.modules.conv import _ConvNd
 
 from edge_device.conv_grads import Scratch, conv_weight_rows, to_weight_layout
 
@@ -143,6 +144,14 @@ def _kind(module: nn.Module) -> Kind | None:
     return None
 
 
+def _conv(layer: _Layer) -> _ConvNd:
+    """The module of a layer of kind ``"conv"``."""
+    module = layer.module
+    if not isinstance(module, _ConvNd):
+        raise TypeError(f"layer {layer.index}: a {type(module).__name__} is not a convolution")
+    return module
+
+
 def _vmap_per_example(module: nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
     def vjp_one(
         params: dict[str, torch.Tensor], xi: torch.Tensor, goi: torch.Tensor
@@ -170,7 +179,7 @@ _WORK = _WorkArrays()
 
 def _work_arrays(layer: _Layer) -> Scratch:
     """This thread's work arrays for ``layer`` (its ``index`` and weight shape)."""
-    key = (layer.index, tuple(layer.module.weight.shape))  # type: ignore[union-attr]
+    key = (layer.index, tuple(_conv(layer).weight.shape))
     return _WORK.by_layer.setdefault(key, {})
 
 
@@ -224,7 +233,7 @@ def _chunk_size(materialised: list[tuple[_Layer, torch.Tensor, torch.Tensor]], b
     for layer, a, go in materialised:
         per += sum(p.numel() for p in layer.params.values())
         if layer.kind == "conv":
-            kernel = layer.module.kernel_size  # type: ignore[union-attr]
+            kernel = _conv(layer).kernel_size
             per += a.shape[1] * math.prod(kernel) * math.prod(go.shape[2:])
     return chunk_examples(per, materialised[0][1], b)
 
@@ -329,12 +338,12 @@ class LayerwiseSum:
         for lo in range(0, b, chunk):
             hi = min(b, lo + chunk)
             part = size[lo:hi]
-            rows: list[tuple[torch.Tensor, int, int, nn.Module | None]] = []
+            rows: list[tuple[torch.Tensor, int, int, _ConvNd | None]] = []
             for layer, a, go in materialised:
                 for name, rows_i, last in self._materialise(layer, a[lo:hi], go[lo:hi], hi - lo):
                     start, stop = layer.slots[name]
                     part += row_sizes(rows_i, norm)
-                    rows.append((rows_i, start, stop, layer.module if last else None))
+                    rows.append((rows_i, start, stop, _conv(layer) if last else None))
             norms64[lo:hi] = part if norm == 1 else part.sqrt()
             f = factor[lo:hi]
             f.copy_(clip_factors(norms64[lo:hi], clip))
@@ -367,7 +376,7 @@ class LayerwiseSum:
                 out.append(("bias", go.reshape(b, -1, go.shape[-1]).sum(1), False))
             return out
         if layer.kind == "conv":
-            rows, last = conv_weight_rows(a, go, layer.module, scratch=_work_arrays(layer))
+            rows, last = conv_weight_rows(a, go, _conv(layer), scratch=_work_arrays(layer))
             out = [("weight", rows, last)]
             return out + ([("bias", go.reshape(b, go.shape[1], -1).sum(2), False)] if bias else [])
         params = {name: p.detach() for name, p in layer.params.items()}

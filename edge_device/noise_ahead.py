@@ -17,6 +17,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from types import TracebackType
 
+import numpy as np
 import torch
 
 from radio.side_thread import side_thread
@@ -47,7 +48,7 @@ class NoiseAhead:
         self.d, self.sigma, self.steps = d, float(sigma), steps
         self._buffers = [torch.empty(d, dtype=torch.float32) for _ in range(min(steps, 2))]
         self._taken = 0
-        self._pending: Future[None] | None = None
+        self._pending: Future[np.ndarray] | None = None
 
     def __enter__(self) -> NoiseAhead:
         self._start(0)

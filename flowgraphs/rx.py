@@ -28,6 +28,7 @@ import collections
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,13 +134,14 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
             if is_virtual(args.device_args):
                 from virtual_usrp import time_spec, virtual_source  # no UHD: the virtual air
 
+                make_time: Callable[[float], object] = time_spec
                 self.usrp = virtual_source(args.device_args, args.air_address)
                 self.virtual = self.usrp.device_line()
             else:
                 check_loopback_only(args.device_args)  # the test suite: no discovery off host
                 from gnuradio import uhd  # only here: building without a device never loads UHD
 
-                time_spec = uhd.time_spec
+                make_time = uhd.time_spec
                 self.usrp = uhd.usrp_source(
                     args.device_args,
                     uhd.stream_args(cpu_format="fc32", args="", channels=[0]),
@@ -148,12 +150,12 @@ class rx(gr.top_block):  # noqa: N801 - GRC naming convention
                 self.uhd_blocks.append("usrp_source")
             configure_usrp(self.usrp, args)
             epoch = set_usrp_time(
-                self.usrp, args, time_spec,
+                self.usrp, args, make_time,
                 zero_at_pps=args.time_source in ("external", "gpsdo"),
             )
             # --start-time counts from the epoch set: absolute USRP time epoch + start_time.
             self.start_time = epoch + args.start_time
-            self.usrp.set_start_time(time_spec(self.start_time))
+            self.usrp.set_start_time(make_time(self.start_time))
             report_applied(self.usrp, "rx")
         else:
             self.usrp = blocks.null_source(gr.sizeof_gr_complex)

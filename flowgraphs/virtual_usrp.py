@@ -319,7 +319,7 @@ class virtual_sink(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio blo
 
     # -- GNU Radio hooks -------------------------------------------------------------
     def start(self) -> bool:  # noqa: D102 - the socket to the air opens with the flowgraph
-        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to an air that is there
@@ -570,7 +570,7 @@ class virtual_source(_VirtualDevice, gr.sync_block):  # noqa: N801 - GNU Radio b
 
     def _read(self) -> None:
         """Reader thread: the air's chunks into the queue."""
-        sock = zmq.Context.instance().socket(zmq.PULL)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, QUEUE_CHUNKS)
         sock.connect(self.air_address)

@@ -47,7 +47,7 @@ def _reach(h_hat: np.ndarray, p_max: np.ndarray, signal_power: float) -> np.ndar
     return np.abs(h_hat) * np.sqrt(np.asarray(p_max, dtype=np.float64) / signal_power)
 
 
-def pre_equalize(h_hat: np.ndarray, amplitude: float, p_max: np.ndarray,
+def pre_equalize(h_hat: np.ndarray, amplitude: float, p_max: np.ndarray | float,
                  signal_power: float) -> PreEqualization:
     """Truncated channel inversion: ``alpha_j = c / h_hat_j`` where ``|alpha_j|^2 E|x|^2 <=
     P_max,j``, else the device sits out.
@@ -79,7 +79,7 @@ def pre_equalize(h_hat: np.ndarray, amplitude: float, p_max: np.ndarray,
     return PreEqualization(float(amplitude), alpha, ok)
 
 
-def amplitude_for(h_hat: np.ndarray, p_max: np.ndarray, signal_power: float,
+def amplitude_for(h_hat: np.ndarray, p_max: np.ndarray | float, signal_power: float,
                   participants: int) -> float:
     """The largest ``c`` at which ``participants`` devices (those with the strongest
     reach) can transmit: the ``participants``-th largest reach.

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from radio.units import db_to_ratio, ratio_to_db
+
 #: Boltzmann's constant (J/K).
 BOLTZMANN = 1.380649e-23
 #: Speed of light (m/s).
@@ -34,7 +36,7 @@ def path_gain(*, attenuation_db: float | None = None, distance_m: float | None =
     if attenuation_db is not None:
         if not (math.isfinite(attenuation_db) and 0 <= attenuation_db <= 300):
             raise ValueError(f"attenuation_db: got {attenuation_db}; allowed: 0..300 dB")
-        return 10.0 ** (-attenuation_db / 10.0)
+        return db_to_ratio(-attenuation_db)
     assert distance_m is not None
     if not (math.isfinite(distance_m) and distance_m > 0):
         raise ValueError(f"distance_m: got {distance_m}; allowed: a number > 0 (m)")
@@ -49,7 +51,7 @@ def noise_psd_w_per_hz(temperature_k: float, noise_figure_db: float) -> float:
         raise ValueError(f"temperature_k: got {temperature_k}; allowed: > 0 (K)")
     if not (math.isfinite(noise_figure_db) and 0 <= noise_figure_db <= 40):
         raise ValueError(f"noise_figure_db: got {noise_figure_db}; allowed: 0..40 dB")
-    return BOLTZMANN * temperature_k * 10.0 ** (noise_figure_db / 10.0)
+    return BOLTZMANN * temperature_k * db_to_ratio(noise_figure_db)
 
 
 def sample_noise_power_w(temperature_k: float, noise_figure_db: float,
@@ -64,4 +66,4 @@ def budget_snr_db(rx_power_w: float, symbol_rate_hz: float, temperature_k: float
     if not rx_power_w > 0:
         return -math.inf
     n0 = noise_psd_w_per_hz(temperature_k, noise_figure_db)
-    return 10.0 * math.log10(rx_power_w / (n0 * symbol_rate_hz))
+    return ratio_to_db(rx_power_w / (n0 * symbol_rate_hz))

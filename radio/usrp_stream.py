@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -75,6 +75,13 @@ def scale_for_dac(samples: np.ndarray, amplitude: float, what: str) -> np.ndarra
     return scaled
 
 
+def _reply_int(value: object) -> int:
+    """An integer of an XML-RPC reply (a string where it passes 32 bits)."""
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"not an integer: {value!r}")
+    return int(value)
+
+
 def flowgraph_args(
     sample_rate_hz: float, center_freq_hz: float, clock_source: str, time_source: str,
     time_epoch: str = "zero", air_address: str = "",
@@ -88,7 +95,8 @@ def flowgraph_args(
     return args + (["--air-address", air_address] if air_address else [])
 
 
-class Anchor(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Anchor:
     """One ``rx_time`` tag: stream sample ``index`` (absolute count) was taken at USRP time
     ``secs + frac`` (s; whole seconds and fraction kept apart, as UHD does, so that times
     near 1.7e9 s keep sub-sample resolution)."""
@@ -563,10 +571,12 @@ class RxStream:
         assert self.ring is not None
         reply = proc.call_list("get_rx_anchors", self._next_seq)
         try:
-            through, next_seq, oldest_seq, tags = reply
+            raw_through, raw_next, raw_oldest, tags = reply
+            if not isinstance(tags, list):
+                raise TypeError("the tags are not a list")
             anchors = [(int(q), Anchor(int(float(i)), int(float(sec)), float(f)))
                        for q, i, sec, f in tags]
-            through, next_seq, oldest_seq = int(through), int(next_seq), int(oldest_seq)
+            through, next_seq, oldest_seq = map(_reply_int, (raw_through, raw_next, raw_oldest))
         except (TypeError, ValueError) as exc:
             raise FlowgraphError(f"flowgraph rx.py: get_rx_anchors returned {reply!r}") from exc
         if oldest_seq > self._next_seq and anchors:

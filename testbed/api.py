@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import load_experiment, load_hardware
 
 __all__ = [
     "ConfigError",

@@ -25,9 +25,10 @@ from typing import Any
 
 from aggregator.solver.calibration import PAPER_MODEL, column_cosine, design_problem
 from aggregator.solver.compression_terms import DECODED_NOISE_MODEL, decoded_noise_energy
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.loader import load_experiment
 
 #: Default record-unit noise multipliers, as multiples of the z* the config's target needs.
 RECORD_Z_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)

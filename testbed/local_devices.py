@@ -36,7 +36,7 @@ from edge_device.device_worker import (
 from edge_device.energy_meter import Measurement, ModelMeter, make_meter
 from radio.link import Link
 from testbed.core.compute import check_workers
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.core.data.datasets import Dataset
 from testbed.core.interrupts import StopSignals
 from testbed.core.links import make_link

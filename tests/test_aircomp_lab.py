@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.lab.launch import launch
 from testbed.runner import run_experiment
 from tests.lab_helpers import assert_ledgers_agree, processes_mentioning

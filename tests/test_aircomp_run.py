@@ -11,7 +11,8 @@ import pytest
 
 from aggregator import aircomp_round
 from aggregator.aircomp_round import usable_kept
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.runner import run_experiment
 from tests.conftest import make_idx_dataset
 

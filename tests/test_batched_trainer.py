@@ -15,7 +15,8 @@ from torch import nn
 from aggregator.run_rounds import run_rounds
 from edge_device.batched_trainer import BatchedTrainer, BatchingUnsupported, check_batchable
 from edge_device.trainer import LocalTrainer
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.models import build_model, get_flat
 from testbed.core.run_metadata import write_metadata
 from testbed.core.rundir import RunDir, read_jsonl

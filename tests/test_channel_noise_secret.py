@@ -27,7 +27,8 @@ from testbed.core.channel_credit import (
     credited_config,
     link_noise,
 )
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.links import channel_params, make_link
 from testbed.core.privacy import Ledger
 from testbed.core.seeding import Stream, experiment_generator

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.loader import (
-    ConfigError,
     apply_overrides,
     load_experiment,
     load_hardware,

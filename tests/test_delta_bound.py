@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.core.record_schemes import check_delta_bound
 from testbed.runner import run_experiment
 

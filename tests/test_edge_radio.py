@@ -27,8 +27,9 @@ from radio.uhd_probe import ProbeResult
 from radio.usrp_stream import RxStream, TxStream
 from testbed.cli import cmd_radio
 from testbed.cli.main import main
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.hardware import device_radio, receiver_radio, same_usrp
-from testbed.core.config.loader import ConfigError, load_hardware
+from testbed.core.config.loader import load_hardware
 from testbed.core.links import waveform_params
 from tests.radio_helpers import require_gnuradio, unit_payload
 

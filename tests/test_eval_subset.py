@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from aggregator.evaluate import evaluate, intra_op_threads, sample_scores, subset_indices
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.core.models import build_model, get_flat
 from testbed.core.run_setup import initial_model, prepare_test_data
 from testbed.core.rundir import RunDir, read_jsonl

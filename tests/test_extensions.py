@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.core.config.safe_yaml import dump_yaml_text
 from testbed.core.extensions import ExtensionError
 from testbed.core.run_setup import initial_model, prepare_data, prepare_test_data

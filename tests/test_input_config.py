@@ -13,13 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core.config.loader import (
-    HW_CONFIG_DIR,
-    HW_CONFIG_ENV,
-    ConfigError,
-    load_experiment,
-    load_hardware,
-)
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import HW_CONFIG_DIR, HW_CONFIG_ENV, load_experiment, load_hardware
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.paths import check_output_file
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from aggregator.solver.from_config import read_calibration_betas, read_scenario_file
-from testbed.core.config.loader import ConfigError, dump_yaml, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
 from testbed.core.config.safe_yaml import MAX_YAML_BYTES, parse_yaml_text, read_yaml_mapping
 from testbed.core.plan_file import load_plan
 

@@ -15,13 +15,13 @@ import pytest
 
 from radio.link import ChannelState, Link, Reception
 from radio.uhd_probe import find_usrps
+from testbed.core.config.link import LINKS
 from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.links import make_link
 from tests.radio_helpers import require_gnuradio, unit_payload
 
 SNR_DB = 20.0
 DEVICES = 3
-LINKS = ["symbol", "waveform", "gnuradio", "usrp"]
 
 
 @pytest.fixture(scope="module", params=LINKS)

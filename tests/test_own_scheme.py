@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from testbed import api
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.core.data.idx import read_idx, write_idx
 from testbed.core.extensions import ExtensionError
 from testbed.core.run_setup import prepare_data

@@ -9,7 +9,8 @@ import pytest
 
 from aggregator.peers.dp_pasgd_accounting import paper_epsilon
 from testbed.cli.main import main
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.runner import run_experiment
 
 SMALL = ["scheme=dp-pasgd", "rounds=3", "local_steps=2", "train_samples=3000",

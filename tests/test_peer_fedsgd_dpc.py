@@ -362,7 +362,7 @@ def test_fit_refuses_unidentifiable_input() -> None:
 
 
 @pytest.mark.parametrize(("call", "match"), [
-    (lambda: acc.replies_per_client(10, 11, 10), r"b=11 is outside the allowed range \[1, 10\]"),
+    (lambda: acc.replies_per_client(10, 11, 10), r"b=11 must be an integer in \[1, 10\]"),
     (lambda: acc.replies_per_client(0, 1, 10), r"T=0 .*\[1, inf\)"),
     (lambda: acc.replies_per_client(10, 1, 1), r"N=1 .*\[2, inf\)"),
     (lambda: acc.replies_per_client(10, 1, 10, count="mean"),  # type: ignore[arg-type]

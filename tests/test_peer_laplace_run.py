@@ -18,7 +18,8 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant
 
 from edge_device.dp_trainer import RecordTrainer
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.core.privacy import LaplaceRecordEvent, Ledger, RecordAccountant
 from testbed.core.privacy.record_device_level import device_level_epsilon
 from testbed.core.privacy.record_planning import (

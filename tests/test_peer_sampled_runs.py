@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.core.secure_aggregation import secure_sum
 from testbed.runner import run_experiment
 

@@ -186,7 +186,7 @@ def test_plan_chooses_T_and_r() -> None:
     ({"gamma": 3000}, r"gamma=3000 must be an integer in \[1, 2440\]"),
     ({"delta": 1.0}, r"delta=1.0 must be a finite number in \(0, 1\)"),
     ({"epsilon": -1.0}, r"epsilon=-1.0 must be a finite number in \(0, inf\)"),
-    ({"tau": 0}, r"tau=0 must be an integer in \[1, inf\]"),
+    ({"tau": 0}, r"tau=0 must be an integer in \[1, inf\)"),
     ({"G": float("nan")}, r"G=nan must be a finite number"),
     ({"T": 2.5}, r"T=2.5 must be an integer"),
     ({"colluding": 16}, r"colluding=16 must be an integer in \[0, 15\]"),

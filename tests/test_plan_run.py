@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from testbed.cli.main import main
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.runner import run_experiment
 
 

@@ -15,8 +15,9 @@ from aggregator.run_rounds import run_rounds
 from aggregator.sampling import round_devices
 from edge_device.dp_trainer import RecordTrainer
 from edge_device.trainer import LocalTrainer
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.data.coded import CodedImages
 from testbed.core.models import build_model, get_flat
 from testbed.core.privacy import Ledger

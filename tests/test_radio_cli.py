@@ -10,7 +10,8 @@ import pytest
 
 from radio.uhd_probe import find_usrps
 from testbed.cli.main import main
-from testbed.core.config.loader import ConfigError, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_hardware
 from tests.radio_helpers import require_gnuradio
 
 HW_DIR = Path(__file__).resolve().parents[1] / "hw_configs"

@@ -27,7 +27,8 @@ from radio.symbol_link import ChannelParams
 from radio.uhd_probe import ProbeResult, find_usrps
 from radio.waveform_link import WaveformLink
 from radio.zmq_stream import SampleStream, StreamTimeout
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.links import RECORDING_LINKS, make_link
 from tests.radio_helpers import require_gnuradio, unit_payload
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from aggregator.state import PaperAccountingWarning
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.privacy import Ledger, RecordEvent
 from testbed.core.privacy.record_accountant import RecordAccountant
 from testbed.core.privacy.record_device_level import device_level_epsilon

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import PEER_SCHEMES, SCHEMES
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.privacy import Ledger, rebuild_accountant
 from testbed.core.rundir import RunDir
 from testbed.core.schemes import expected_power_bound, resolve_uplinks

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from testbed.cli.main import main
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.core.plan_file import load_plan, save_plan
 
 LOGREG_D = 28 * 28 * 10 + 10

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from aggregator.solver.calibration import smoothed_losses, uploads_to_target
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 from testbed.runner import resume_experiment, run_experiment
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from radio.virtual_device import VirtualArgs, VirtualClock, is_virtual
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.hardware import device_radio, receiver_radio
-from testbed.core.config.loader import ConfigError, load_hardware
+from testbed.core.config.loader import load_hardware
 from testbed.core.config.safe_yaml import dump_yaml_text, read_yaml_mapping
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,11 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.peers.checks import check_delta, check_epsilon, check_int, check_real
 from aggregator.peers.dp_pasgd_accounting import (
-    check_delta,
-    check_epsilon,
-    check_int,
-    check_real,
     paper_epsilon,
     paper_noise_multiplier,
     rho_star,
@@ -44,8 +41,10 @@ _RELAXED_GRID = 4000
 # ---------------------------------------------------------------------------- resource model
 def resource_cost(K: int, tau: int, *, c1: float = 100.0, c2: float = 1.0) -> float:
     """Eq. (8): ``c1 K / tau + c2 K`` (communication per round, computation per step)."""
-    K, tau = check_int("K", K), check_int("tau", tau)
-    return check_real("c1", c1, low_open=False) * K / tau + check_real("c2", c2) * K
+    where = "resource_cost"
+    K, tau = check_int(where, "K", K, 1), check_int(where, "tau", tau, 1)
+    return (check_real(where, "c1", c1, 0.0) * K / tau
+            + check_real(where, "c2", c2, 0.0, low_open=True) * K)
 
 
 def tau_star(K: float, C_th: float, *, c1: float = 100.0, c2: float = 1.0) -> float:
@@ -53,14 +52,17 @@ def tau_star(K: float, C_th: float, *, c1: float = 100.0, c2: float = 1.0) -> fl
 
     ``K`` real in ``(0, C_th / c2)``. The planner uses the smallest feasible integer above it.
     """
-    C_th, c2 = check_real("C_th", C_th), check_real("c2", c2)
-    K = check_real("K", K, high=C_th / c2)
-    return check_real("c1", c1, low_open=False) * K / (C_th - c2 * K)
+    where = "tau_star"
+    C_th = check_real(where, "C_th", C_th, 0.0, low_open=True)
+    c2 = check_real(where, "c2", c2, 0.0, low_open=True)
+    K = check_real(where, "K", K, 0.0, C_th / c2, low_open=True, high_open=True)
+    return check_real(where, "c1", c1, 0.0) * K / (C_th - c2 * K)
 
 
 def max_period(learning_rate: float, smoothness: float) -> int:
     """Largest integer ``tau`` with ``eta L + eta^2 L^2 tau (tau - 1) <= 1`` (eq. 21e)."""
-    eta_l = check_real("learning_rate", learning_rate) * check_real("smoothness", smoothness)
+    eta_l = (check_real("max_period", "learning_rate", learning_rate, 0.0, low_open=True)
+             * check_real("max_period", "smoothness", smoothness, 0.0, low_open=True))
     if eta_l > 1.0:
         raise ValueError(f"learning_rate={learning_rate!r} gives learning_rate * smoothness = "
                          f"{eta_l:g}; (21e) needs it in (0, 1]")
@@ -106,13 +108,14 @@ class BoundConstants:
     initial_gap: float
 
     def __post_init__(self) -> None:
-        check_int("d", self.d)
-        check_int("num_devices", self.num_devices)
-        smooth = check_real("smoothness", self.smoothness)
-        check_real("strong_convexity", self.strong_convexity, high=smooth, high_open=False)
+        where = "BoundConstants"
+        check_int(where, "d", self.d, 1)
+        check_int(where, "num_devices", self.num_devices, 1)
+        smooth = check_real(where, "smoothness", self.smoothness, 0.0, low_open=True)
+        check_real(where, "strong_convexity", self.strong_convexity, 0.0, smooth, low_open=True)
         max_period(self.learning_rate, smooth)  # validates learning_rate
-        check_real("grad_variance", self.grad_variance, low_open=False)
-        check_real("initial_gap", self.initial_gap, low_open=False)
+        check_real(where, "grad_variance", self.grad_variance, 0.0)
+        check_real(where, "initial_gap", self.initial_gap, 0.0)
 
     def floor(self, tau: Any, sigma2: Any) -> Any:
         """Eq. (13)/(21b): ``B = (eta L + eta^2 L^2 (tau-1) M)/(2 lambda M) (xi^2 + d sigma^2)``."""
@@ -135,13 +138,14 @@ def convergence_bound(K: int, tau: int, sigma: float, constants: BoundConstants)
     ``K`` must be a multiple of ``tau`` (the theorem's assumption); ``sigma`` is the noise
     std per coordinate (every device the same).
     """
-    K, tau = check_int("K", K), check_int("tau", tau)
+    where = "convergence_bound"
+    K, tau = check_int(where, "K", K, 1), check_int(where, "tau", tau, 1)
     if K % tau:
         raise ValueError(f"K={K} must be a multiple of tau={tau} (Theorem 1)")
     if tau > max_period(constants.learning_rate, constants.smoothness):
         raise ValueError(f"tau={tau} violates (21e) for learning_rate="
                          f"{constants.learning_rate!r}, smoothness={constants.smoothness!r}")
-    sigma = check_real("sigma", sigma, low_open=False)
+    sigma = check_real("convergence_bound", "sigma", sigma, 0.0)
     return float(constants.bound(float(K), float(tau), sigma * sigma))
 
 
@@ -294,14 +298,15 @@ def plan_dp_pasgd(eps: float, delta: float, C_th: float, *, c1: float = 100.0,
     ValueError
         Naming the argument, its value and the allowed range.
     """
-    eps, delta = check_epsilon(eps), check_delta(delta)
-    c1 = check_real("c1", c1, low_open=False)
-    c2 = check_real("c2", c2)
-    C_th = check_real("C_th", C_th, low=c1 + c2, low_open=False)
+    eps, delta = check_epsilon("plan_dp_pasgd", eps, "eps"), check_delta("plan_dp_pasgd", delta)
+    c1 = check_real("plan_dp_pasgd", "c1", c1, 0.0)
+    c2 = check_real("plan_dp_pasgd", "c2", c2, 0.0, low_open=True)
+    C_th = check_real("plan_dp_pasgd", "C_th", C_th, c1 + c2)
     if (C_th - c1) / c2 > MAX_PLANNED_STEPS:
         raise ValueError(f"C_th={C_th!r} allows up to {(C_th - c1) / c2:.3g} local steps; the "
                          f"exhaustive search takes C_th <= c1 + c2 * {MAX_PLANNED_STEPS}")
-    G, X = check_real("G", G), check_real("X", X)
+    G = check_real("plan_dp_pasgd", "G", G, 0.0, low_open=True)
+    X = check_real("plan_dp_pasgd", "X", X, 0.0, low_open=True)
     constants = BoundConstants(d, num_devices, smoothness, strong_convexity, learning_rate,
                                grad_variance, initial_gap)
     tau_cap = max_period(learning_rate, smoothness)

@@ -19,53 +19,21 @@ The printed value is kept as :func:`rho_star_printed`, for the docs only.
 Next to it, the testbed's own figure for the same mechanism (``dp_accounting``, RDP or PLD)
 and for its record-level variant with secret Poisson sampling. Derivations and the planner's
 rounding: ``docs/peers/dp-pasgd.md``. The resource-constrained planner that calibrates its noise
-with these formulas is :mod:`aggregator.peers.dp_pasgd`; it shares the argument checks
-(``check_real``, ``check_int``, ``check_delta``, ``check_epsilon``) defined here.
+with these formulas is :mod:`aggregator.peers.dp_pasgd`. The argument checks are the peers'
+shared ones (:mod:`aggregator.peers.checks`).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
+
+from aggregator.peers.checks import check_delta, check_epsilon, check_int, check_real
 
 #: Accountants of the testbed figure.
 ACCOUNTANTS = ("rdp", "pld")
 #: PLD value discretization (nats), the record accountant's default.
 PLD_DISCRETIZATION = 1e-3
-
-
-# ---------------------------------------------------------------------------- validation
-def check_real(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
-               high: float = math.inf, high_open: bool = True) -> float:
-    """``value`` as a float if it is a real number in the given interval, else ValueError."""
-    left, right = "(" if low_open else "[", ")" if high_open else "]"
-    interval = f"{left}{low:g}, {high:g}{right}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a real number in {interval}")
-    v = float(value)
-    ok_low = v > low if low_open else v >= low
-    ok_high = v < high if high_open else v <= high
-    if math.isnan(v) or not (ok_low and ok_high):
-        raise ValueError(f"{name}={value!r} must lie in {interval}")
-    return v
-
-
-def check_int(name: str, value: Any, *, low: int = 1) -> int:
-    """``value`` as an int if it is an integer ``>= low``, else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
-    return int(value)
-
-
-def check_delta(value: Any) -> float:
-    """``value`` as a float in ``(0, 1)``, else ``ValueError``."""
-    return check_real("delta", value, low=0.0, high=1.0)
-
-
-def check_epsilon(value: Any) -> float:
-    """``value`` as a float ``> 0``, else ``ValueError``."""
-    return check_real("eps", value)
 
 
 # ---------------------------------------------------------------------------- paper accounting
@@ -87,8 +55,9 @@ def rho_per_step(G: float, X: float, sigma: float) -> float:
     float
         rho in nats (zCDP), replace-one neighbours.
     """
-    G, X = check_real("G", G), check_real("X", X)
-    sigma = check_real("sigma", sigma, low_open=False)
+    G = check_real("rho_per_step", "G", G, 0.0, low_open=True)
+    X = check_real("rho_per_step", "X", X, 0.0, low_open=True)
+    sigma = check_real("rho_per_step", "sigma", sigma, 0.0)
     if sigma == 0.0:
         return math.inf
     return 2.0 * G * G / (X * X * sigma * sigma)
@@ -96,7 +65,7 @@ def rho_per_step(G: float, X: float, sigma: float) -> float:
 
 def rho_total(K: int, G: float, X: float, sigma: float) -> float:
     """zCDP of ``K`` local steps (additive composition): ``2 K G^2 / (X^2 sigma^2)``."""
-    return check_int("K", K) * rho_per_step(G, X, sigma)
+    return check_int("rho_total", "K", K, 1) * rho_per_step(G, X, sigma)
 
 
 def zcdp_to_eps(rho: float, delta: float) -> float:
@@ -104,8 +73,9 @@ def zcdp_to_eps(rho: float, delta: float) -> float:
 
     Bun and Steinke 2016, Prop. 1.3 (the paper's Lemma 3). ``rho`` in ``[0, inf]``.
     """
-    rho = check_real("rho", rho, low_open=False, high_open=False)
-    log_inv = -math.log(check_delta(delta))
+    if rho != math.inf:  # inf (sigma = 0: no noise) is allowed, and converts to inf
+        rho = check_real("zcdp_to_eps", "rho", rho, 0.0)
+    log_inv = -math.log(check_delta("zcdp_to_eps", delta))
     if math.isinf(rho):
         return math.inf
     return rho + 2.0 * math.sqrt(rho * log_inv)
@@ -117,7 +87,7 @@ def rho_star(eps: float, delta: float) -> float:
     ``sqrt(rho) = sqrt(L + eps) - sqrt(L)`` with ``L = log(1/delta)``, evaluated as
     ``eps^2 / (sqrt(L + eps) + sqrt(L))^2`` (no cancellation for small ``eps``).
     """
-    eps, log_inv = check_epsilon(eps), -math.log(check_delta(delta))
+    eps, log_inv = check_epsilon("rho_star", eps, "eps"), -math.log(check_delta("rho_star", delta))
     root_sum = math.sqrt(log_inv + eps) + math.sqrt(log_inv)
     return eps * eps / (root_sum * root_sum)
 
@@ -130,7 +100,8 @@ def rho_star_printed(eps: float, delta: float) -> float:
     ``eps^2 / rho_star(eps, delta)`` and ``zcdp_to_eps(Z, delta) = eps + 4L + 4 sqrt(L (L +
     eps)) > eps``: not a valid inverse. Never use it to calibrate noise.
     """
-    eps, log_inv = check_epsilon(eps), -math.log(check_delta(delta))
+    eps = check_epsilon("rho_star_printed", eps, "eps")
+    log_inv = -math.log(check_delta("rho_star_printed", delta))
     return eps + 2.0 * log_inv + 2.0 * math.sqrt(log_inv * log_inv + eps * log_inv)
 
 
@@ -141,8 +112,9 @@ def sigma_for(eps: float, delta: float, K: int, G: float, X: float) -> float:
     would put ``rho_total(K, G, X, sigma)`` above ``rho*`` or its epsilon above ``eps``: the
     returned value never overshoots the target.
     """
-    K = check_int("K", K)
-    G, X = check_real("G", G), check_real("X", X)
+    K = check_int("sigma_for", "K", K, 1)
+    G = check_real("sigma_for", "G", G, 0.0, low_open=True)
+    X = check_real("sigma_for", "X", X, 0.0, low_open=True)
     target = rho_star(eps, delta)
     sigma = (G / X) * math.sqrt(2.0 * K / target)
     for _ in range(64):
@@ -160,8 +132,10 @@ def paper_epsilon(K: int, G: float, X: float, sigma: float, delta: float) -> flo
 
 def paper_noise_multiplier(sigma: float, G: float, X: float) -> float:
     """``sigma / (2G/X)``: noise std over the paper's (replace-one) sensitivity."""
-    sigma = check_real("sigma", sigma, low_open=False)
-    return sigma * check_real("X", X) / (2.0 * check_real("G", G))
+    where = "paper_noise_multiplier"
+    sigma = check_real(where, "sigma", sigma, 0.0)
+    X = check_real(where, "X", X, 0.0, low_open=True)
+    return sigma * X / (2.0 * check_real(where, "G", G, 0.0, low_open=True))
 
 
 # ---------------------------------------------------------------------------- testbed figure
@@ -201,9 +175,9 @@ def testbed_epsilon(K: int, noise_multiplier: float, delta: float,
 
     from testbed.core.privacy.record_rdp import ORDERS
 
-    K = check_int("K", K)
-    z = check_real("noise_multiplier", noise_multiplier)
-    delta = check_delta(delta)
+    K = check_int("testbed_epsilon", "K", K, 1)
+    z = check_real("testbed_epsilon", "noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    delta = check_delta("testbed_epsilon", delta)
     if _accountant(accountant) == "rdp":
         event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), K)
         acc: Any = rdp.RdpAccountant(orders=list(ORDERS))
@@ -248,8 +222,9 @@ def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta:
     """
     from testbed.core.privacy.record_planning import record_epsilon_for
 
-    K = check_int("K", K)
-    q = check_real("q", q, high=1.0, high_open=False)
-    z = check_real("noise_multiplier", noise_multiplier)
-    return record_epsilon_for(q=q, z=z, steps=K, delta=check_delta(delta),
+    where = "testbed_epsilon_subsampled"
+    K = check_int(where, "K", K, 1)
+    q = check_real(where, "q", q, 0.0, 1.0, low_open=True)
+    z = check_real(where, "noise_multiplier", noise_multiplier, 0.0, low_open=True)
+    return record_epsilon_for(q=q, z=z, steps=K, delta=check_delta(where, delta),
                               accountant=_accountant(accountant), relation=relation).epsilon

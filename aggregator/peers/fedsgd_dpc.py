@@ -22,11 +22,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from aggregator.peers.checks import check_choice, check_int
 from aggregator.peers.fedsgd_dpc_accounting import (
     DEFAULT_C2,
     Mechanism,
-    check_choice,
-    check_int,
     gaussian_epsilon_per_reply,
     gaussian_sigma,
     laplace_epsilon_per_reply,

@@ -15,11 +15,6 @@ over. Everything here is a pure function of its arguments; randomness never ente
 * :func:`testbed_epsilon`: the same noise composed by ``dp-accounting`` (PLD or RDP) over a
   reply count that bounds every client's replies (``ceil(b T / N)`` under round robin).
 
-Also the scheme's argument checks (``check_real``, ``check_int``, ``check_choice``), shared
-with the convergence bound (:mod:`aggregator.peers.fedsgd_dpc_bound`), the planner
-(:mod:`aggregator.peers.fedsgd_dpc`) and the pilot fit
-(:mod:`aggregator.peers.fedsgd_dpc_pilot_fit`).
-
 Units: gradients, clips and noise scales are in loss units per parameter (the averaged
 gradient a client sends); epsilons in nats. The derivations and the paper's slips are in
 ``docs/peers/fedsgd-dpc.md``.
@@ -28,14 +23,13 @@ gradient a client sends); epsilons in nats. The derivations and the paper's slip
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Literal
 
 import dp_accounting
-import numpy as np
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from aggregator.peers.checks import check_choice, check_int, check_real
 from testbed.core.privacy.record_planning import record_epsilon_for
 
 Mechanism = Literal["laplace", "gaussian"]
@@ -44,46 +38,6 @@ MECHANISMS: tuple[str, ...] = ("laplace", "gaussian")
 REPLY_COUNTS: tuple[str, ...] = ("expected", "round_robin", "worst_case")
 #: The Gaussian constant ``c2`` of Theorem 2 when none is given (see the module docstring).
 DEFAULT_C2 = 2.0
-
-# ------------------------------------------------------------------------------ validation
-
-
-def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
-    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-
-
-def check_real(where: str, name: str, value: object, low: float = -math.inf,
-               high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> float:
-    """``value`` as a finite float in the interval, else ``ValueError`` naming all three."""
-    span = _interval(low, high, low_open or math.isinf(low), high_open or math.isinf(high))
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ValueError(f"{where}: {name}={value!r} must be a real number in {span}")
-    v = float(value)
-    bad = (not math.isfinite(v) or v < low or v > high or (low_open and v == low)
-           or (high_open and v == high))
-    if bad:
-        raise ValueError(f"{where}: {name}={value!r} is outside the allowed range {span}")
-    return v
-
-
-def check_int(where: str, name: str, value: object, low: int, high: float = math.inf) -> int:
-    """``value`` as an int in ``[low, high]``, else ``ValueError`` naming ``where`` and
-    ``name``."""
-    span = f"[{low}, {'inf)' if math.isinf(high) else f'{int(high)}]'}"
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{where}: {name}={value!r} must be an integer in {span}")
-    if not low <= int(value) <= high:
-        raise ValueError(f"{where}: {name}={value!r} is outside the allowed range {span}")
-    return int(value)
-
-
-def check_choice(where: str, name: str, value: object, allowed: Sequence[str]) -> str:
-    """``value`` if it is one of ``allowed``, else ``ValueError`` naming ``where`` and
-    ``name``."""
-    if value not in allowed:
-        raise ValueError(f"{where}: {name}={value!r} is not one of {tuple(allowed)}")
-    return str(value)
-
 
 # ------------------------------------------------------------------- paper accounting
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from aggregator.peers.checks import check_choice, check_int, check_real
 from aggregator.peers.fedsgd_dpc_accounting import (
     DEFAULT_C2,
     MECHANISMS,
     Mechanism,
-    check_choice,
-    check_int,
-    check_real,
 )
 
 # ------------------------------------------------------------------- convergence bound

@@ -19,12 +19,10 @@ from typing import Any, Literal
 import numpy as np
 from scipy.optimize import minimize_scalar
 
+from aggregator.peers.checks import check_choice, check_int, check_real
 from aggregator.peers.fedsgd_dpc_accounting import (
     DEFAULT_C2,
     Mechanism,
-    check_choice,
-    check_int,
-    check_real,
 )
 from aggregator.peers.fedsgd_dpc_bound import (
     ConvergenceConstants,

@@ -25,8 +25,6 @@ from testbed.core.config.safe_yaml import read_yaml_mapping
 
 #: Format tag of a peer plan file.
 PEER_PLAN_FORMAT = "dpfl-peer-plan/1"
-#: Peer schemes with a planner.
-PEER_PLANNERS = ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg")
 
 
 class DpPasgdScenario(BaseModel):

@@ -19,12 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.peers.checks import check_delta, check_int, check_real
 from aggregator.peers.zcdp_secagg_accounting import (
     ACCOUNTANTS,
     TRUST_ASSUMPTION,
-    check_delta,
-    check_int,
-    check_real,
     epsilon_to_zcdp,
     paper_round_rho,
     participation_bound,
@@ -33,7 +31,6 @@ from aggregator.peers.zcdp_secagg_accounting import (
     zcdp_to_epsilon,
 )
 
-PARTICIPATION_MODES = ("expected", "given", "bound")
 _MAX_GRID = 10_000_000
 
 
@@ -66,11 +63,11 @@ class ConvergenceConstants:
 
     def __post_init__(self) -> None:
         where = "ConvergenceConstants"
-        check_real(where, "smoothness", self.smoothness, 0.0, math.inf)
-        check_real(where, "grad_variance", self.grad_variance, 0.0, math.inf, lo_open=False)
-        check_real(where, "learning_rate", self.learning_rate, 0.0, math.inf)
+        check_real(where, "smoothness", self.smoothness, 0.0, low_open=True)
+        check_real(where, "grad_variance", self.grad_variance, 0.0)
+        check_real(where, "learning_rate", self.learning_rate, 0.0, low_open=True)
         check_int(where, "dimension", self.dimension, 1)
-        check_real(where, "initial_gap", self.initial_gap, 0.0, math.inf, lo_open=False)
+        check_real(where, "initial_gap", self.initial_gap, 0.0)
 
 
 def convergence_bound(*, T: Any, tau: int, r: Any, sigma: Any, gamma: int,
@@ -221,11 +218,11 @@ def plan_zcdp_secagg(epsilon: float, delta: float, n: int, r: int | None, tau: i
         Naming the argument, its value and its allowed range.
     """
     where = "plan_zcdp_secagg"
-    epsilon = check_real(where, "epsilon", epsilon, 0.0, math.inf)
+    epsilon = check_real(where, "epsilon", epsilon, 0.0, low_open=True)
     delta = check_delta(where, delta)
     n = check_int(where, "n", n, 1)
     tau = check_int(where, "tau", tau, 1)
-    G = check_real(where, "G", G, 0.0, math.inf)
+    G = check_real(where, "G", G, 0.0, low_open=True)
     m = check_int(where, "m", m, 1)
     gamma = check_int(where, "gamma", gamma, 1, m)
     colluding = check_int(where, "colluding", colluding, 0, max(n - 1, 0))
@@ -280,11 +277,11 @@ def plan_zcdp_secagg(epsilon: float, delta: float, n: int, r: int | None, tau: i
                              "while T or r is being chosen")
         mode = "given"
         counts = np.array([check_real(where, "participations", participations, 0.0,
-                                      float(tt[0]), hi_open=False)])
+                                      float(tt[0]), low_open=True)])
     elif participation_failure_prob is not None:
         mode = "bound"
         beta = check_real(where, "participation_failure_prob", participation_failure_prob, 0.0,
-                          1.0 - delta)
+                          1.0 - delta, low_open=True, high_open=True)
         delta_total = delta + beta
         counts = np.array([participation_bound(T=int(a), r=int(b), n=n, failure_prob=beta)
                            for a, b in zip(tt, rr, strict=True)], dtype=float)

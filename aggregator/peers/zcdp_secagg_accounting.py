@@ -27,14 +27,13 @@ per-step Gaussian mechanisms with Google's ``dp-accounting``, without the ``1/r`
 ``h`` honest summands) to check the credit independently. The derivation, its trust
 assumption and where the paper's argument is only heuristic are in
 ``docs/peers/zcdp-secagg.md``. The planner, which chooses ``sigma`` (and ``T``, ``r``)
-from these formulas, is :mod:`aggregator.peers.zcdp_secagg`; it shares the argument
-checks (``check_real``, ``check_int``, ``check_delta``) defined here.
+from these formulas, is :mod:`aggregator.peers.zcdp_secagg`. The argument checks are the
+peers' shared ones (:mod:`aggregator.peers.checks`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -42,6 +41,8 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.stats import binom
+
+from aggregator.peers.checks import check_delta, check_int, check_real
 
 #: What the ``1/r`` secure-aggregation credit assumes; reported in every plan.
 TRUST_ASSUMPTION = (
@@ -67,40 +68,6 @@ _ORDERS = tuple(
 )
 
 
-# ---------------------------------------------------------------------------- validation
-
-
-def check_real(where: str, name: str, value: Any, lo: float, hi: float, *,
-               lo_open: bool = True, hi_open: bool = True) -> float:
-    """``value`` as a float in the interval from ``lo`` to ``hi`` (open ends by default),
-    else ``ValueError`` naming ``where`` and ``name``."""
-    ok = isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool)
-    if ok:
-        v = float(value)
-        ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and (
-            v < hi if hi_open else v <= hi)
-    if not ok:
-        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-        raise ValueError(f"{where}: {name}={value!r} must be a finite number in {lb}{lo:g}, "
-                         f"{hi:g}{rb}")
-    return float(value)
-
-
-def check_int(where: str, name: str, value: Any, lo: int, hi: float = math.inf) -> int:
-    """``value`` as an int in ``[lo, hi]``, else ``ValueError`` naming ``where`` and
-    ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not (
-            lo <= int(value) <= hi):
-        top = "inf" if hi == math.inf else f"{int(hi)}"
-        raise ValueError(f"{where}: {name}={value!r} must be an integer in [{lo}, {top}]")
-    return int(value)
-
-
-def check_delta(where: str, delta: Any) -> float:
-    """``delta`` as a float in ``(0, 1)``, else ``ValueError`` naming ``where``."""
-    return check_real(where, "delta", delta, 0.0, 1.0)
-
-
 # ---------------------------------------------------------------------- zCDP conversions
 
 
@@ -110,7 +77,7 @@ def zcdp_to_epsilon(*, rho: float, delta: float) -> float:
     ``epsilon = rho + 2 sqrt(rho log(1/delta))`` (002 Lemma 4). Valid, not the tightest: the
     RDP conversion of dp-accounting is smaller for the same curve.
     """
-    rho = check_real("zcdp_to_epsilon", "rho", rho, 0.0, math.inf, lo_open=False)
+    rho = check_real("zcdp_to_epsilon", "rho", rho, 0.0)
     delta = check_delta("zcdp_to_epsilon", delta)
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
@@ -122,7 +89,7 @@ def epsilon_to_zcdp(*, epsilon: float, delta: float) -> float:
     ``rho + 2 sqrt(rho L) = epsilon`` in ``sqrt(rho)`` (SEED-NOTES, 000: the other root is
     wrong). Written as ``epsilon^2 / (sqrt(L + epsilon) + sqrt(L))^2`` to avoid cancellation.
     """
-    epsilon = check_real("epsilon_to_zcdp", "epsilon", epsilon, 0.0, math.inf)
+    epsilon = check_real("epsilon_to_zcdp", "epsilon", epsilon, 0.0, low_open=True)
     log_inv = math.log(1.0 / check_delta("epsilon_to_zcdp", delta))
     return epsilon**2 / (math.sqrt(log_inv + epsilon) + math.sqrt(log_inv)) ** 2
 
@@ -137,9 +104,9 @@ def per_step_rho(*, G: float, gamma: int, sigma: float, honest_summands: int = 1
     Gaussian noise of std ``sqrt(h) sigma`` (``h`` honest summands; 1 = the device alone).
     """
     where = "per_step_rho"
-    G = check_real(where, "G", G, 0.0, math.inf)
+    G = check_real(where, "G", G, 0.0, low_open=True)
     gamma = check_int(where, "gamma", gamma, 1)
-    sigma = check_real(where, "sigma", sigma, 0.0, math.inf)
+    sigma = check_real(where, "sigma", sigma, 0.0, low_open=True)
     h = check_int(where, "honest_summands", honest_summands, 1)
     return 2.0 * G**2 / (h * gamma**2 * sigma**2)
 
@@ -190,7 +157,7 @@ def participation_bound(*, T: int, r: int, n: int, failure_prob: float) -> int:
     n = check_int(where, "n", n, 1)
     T = check_int(where, "T", T, 1)
     r = check_int(where, "r", r, 1, n)
-    beta = check_real(where, "failure_prob", failure_prob, 0.0, 1.0)
+    beta = check_real(where, "failure_prob", failure_prob, 0.0, 1.0, low_open=True, high_open=True)
     counts = np.arange(T + 1)
     tail = n * binom.sf(counts, T, r / n)
     return int(counts[np.argmax(tail <= beta)])
@@ -202,7 +169,7 @@ def paper_epsilon(*, participations: float, tau: int, G: float, m: int, gamma: i
 
     ``participations`` is ``C_i`` (may be the fractional expectation ``T r / n``).
     """
-    c = check_real("paper_epsilon", "participations", participations, 0.0, math.inf, lo_open=False)
+    c = check_real("paper_epsilon", "participations", participations, 0.0)
     rho = c * paper_round_rho(tau=tau, G=G, m=m, gamma=gamma, sigma=sigma, r=r)
     return zcdp_to_epsilon(rho=rho, delta=delta)
 
@@ -257,8 +224,8 @@ def device_dp_event(*, participations: int, tau: int, G: float, m: int, gamma: i
     where = "device_dp_event"
     if sampling not in SAMPLINGS:
         raise ValueError(f"{where}: sampling={sampling!r} must be one of {SAMPLINGS}")
-    G = check_real(where, "G", G, 0.0, math.inf)
-    sigma = check_real(where, "sigma", sigma, 0.0, math.inf)
+    G = check_real(where, "G", G, 0.0, low_open=True)
+    sigma = check_real(where, "sigma", sigma, 0.0, low_open=True)
     h = check_int(where, "honest_summands", honest_summands, 1)
     m = check_int(where, "m", m, 1)
     gamma = check_int(where, "gamma", gamma, 1, m)
@@ -270,7 +237,7 @@ def device_dp_event(*, participations: int, tau: int, G: float, m: int, gamma: i
         return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z), uses)
     c = check_int(where, "participations", participations, 0)
     tau = check_int(where, "tau", tau, 1)
-    rate = gamma / m if q is None else check_real(where, "q", q, 0.0, 1.0, hi_open=False)
+    rate = gamma / m if q is None else check_real(where, "q", q, 0.0, 1.0, low_open=True)
     z = math.sqrt(h) * sigma * gamma / G
     return dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(z)), c * tau)

@@ -46,13 +46,6 @@ def theta_qs(family: str, theta_q: float, theta_s: float) -> float:
     raise ValueError(f"family: got {family!r}; allowed: {FAMILIES}")
 
 
-def thetas_from_integers(d: int, l: int, q: int | None) -> tuple[float, float]:
-    """``(theta_q, theta_s)`` of integer ``l`` and ``Q`` (``q=None``: theta_q unused, 0)."""
-    theta_s = l / d
-    theta_q = math.sqrt(d) / q if q is not None else 0.0
-    return theta_q, theta_s
-
-
 #: Name of the convergence model used for record-level plans (stored in calibration files).
 DECODED_NOISE_MODEL = "decoded-noise/v1"
 

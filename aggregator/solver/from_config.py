@@ -39,9 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from aggregator.solver.record_problem import RecordTerms
 from aggregator.solver.scenario import Scenario, ScenarioError
 from radio.units import noise_var_from_snr_db
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.loader import ConfigError, validate
+from testbed.core.config.loader import validate
 from testbed.core.config.safe_yaml import read_yaml_mapping, short_repr
 
 #: Used when neither the scenario file nor a calibration gives beta1/beta2 (not fitted:

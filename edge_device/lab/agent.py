@@ -191,7 +191,8 @@ class EdgeAgent:
         torch sees one; a CUDA device it does not see is refused before any work.
         """
         from testbed.core.compute import resolve_device
-        from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+        from testbed.core.config.errors import ConfigError
+        from testbed.core.config.loader import load_experiment, load_hardware
         from testbed.core.links import link_name, waveform_params
         from testbed.core.models import n_params
         from testbed.core.radio_fallback import check_same_radios

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import PathOption, add_fallback_option
+from testbed.cli.overrides import add_fallback_option, add_run_dir_options, add_summary_options
 from testbed.core.config.aircomp_checks import check_lab_aircomp
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 
 
 def positive_seconds(flag: str) -> Any:
@@ -72,11 +73,9 @@ def register(sub: Any) -> None:
                    help="control endpoint (port * picks a free one)")
     p.add_argument("--keys", type=Path, required=True, metavar="DIR",
                    help="aggregator.key, aggregator.key_secret and allowed/ (testbed keys)")
-    p.add_argument("--out", action=PathOption,
-                   help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--resume", action=PathOption, metavar="RUN_DIR",
-                   help="continue an interrupted lab run (a finished one: tell the edges that "
-                   "join that it has ended, until all were told or --join-timeout)")
+    add_run_dir_options(p, resume_help=(
+        "continue an interrupted lab run (a finished one: tell the edges that join that it "
+        "has ended, until all were told or --join-timeout)"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--hw-set", dest="hw_overrides", action="append", default=[],
                    metavar="KEY=VALUE")
@@ -101,12 +100,7 @@ def register(sub: Any) -> None:
                    help="seconds a round waits for a device that dropped out to rejoin, once "
                    "per absence (default 0: the round goes on without it)")
     p.add_argument("--endpoint-file", type=Path, help="write the bound endpoint here")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress: neither the bar (stderr a terminal) nor the per-round "
-                   "log lines (otherwise; every progress_every rounds)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-report", action="store_true",
-                   help="do not write report.md and its figures at the end (testbed report)")
+    add_summary_options(p, progress_lines="per-round log lines")
     p.set_defaults(func=_run)
 
 

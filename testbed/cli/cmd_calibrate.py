@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import UniqueOverrides
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.config.paths import check_output_dir, check_output_file
 from testbed.core.config.safe_yaml import dump_yaml_text
 

@@ -75,7 +75,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+    from testbed.core.config.errors import ConfigError
+    from testbed.core.config.loader import load_experiment, load_hardware
     from testbed.core.radio_fallback import FallbackRefused
     from testbed.core.rundir import RunDirError, default_run_path
     from testbed.lab.launch import launch, resume_launch

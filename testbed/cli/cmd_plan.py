@@ -21,8 +21,9 @@ from typing import Any
 from testbed.cli.model_size import count_params
 from testbed.cli.overrides import UniqueOverrides
 from testbed.cli.plan_aircomp import plan_aircomp_command
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.config.paths import check_output_file
 
 #: The calibration shipped for ``testbed/config/private-fedsgd.yaml`` (``testbed calibrate``

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.paths import check_output_dir
 
 #: MNIST CNN of 003 (two 5x5 conv layers, FC 50, softmax): 21,840 parameters.

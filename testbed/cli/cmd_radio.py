@@ -32,6 +32,7 @@ from testbed.core.config.hardware import (
     device_radio,
     receiver_radio,
 )
+from testbed.core.config.link import LINKS
 from testbed.core.config.loader import load_hardware
 from testbed.core.links import waveform_params
 
@@ -328,7 +329,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     c.set_defaults(func=cmd_check)
 
     lb = sub.add_parser("loopback", help="send a known payload over a link")
-    lb.add_argument("--link", required=True, choices=("symbol", "waveform", "gnuradio", "usrp"))
+    lb.add_argument("--link", required=True, choices=LINKS)
     lb.add_argument("--snr-db", type=float, default=None, help=SNR_DB_HELP)
     lb.add_argument("--cfo-hz", type=float, default=0.0,
                     help="carrier frequency offset (Hz); links waveform and gnuradio only")

@@ -20,12 +20,13 @@ import numpy as np
 
 from radio.link import LinkError, LinkFailed
 from radio.link_budget import budget_snr_db, path_gain
-from radio.units import linear_to_db
+from radio.units import db_to_ratio, linear_to_db
 from radio.virtual_device import VirtualArgs
 from testbed.cli.output import emit
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.loader import ConfigError, load_experiment, load_hardware
+from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.links import make_link
 
 #: Largest ``--n-symbols`` accepted: a bigger payload only exhausts memory (5 samples per
@@ -176,7 +177,7 @@ def _loopback_once(args: argparse.Namespace, snr_db: float | None) -> dict[str, 
     else:
         assert snr_db is not None
         truth_db, source, margin = snr_db, "", 0
-        n0_true = 10 ** (-snr_db / 10)
+        n0_true = db_to_ratio(-snr_db)
     try:
         link = make_link(exp, hw)
     except ValueError as exc:  # ConfigError included: a setting the link cannot honour
@@ -211,7 +212,7 @@ def _loopback_once(args: argparse.Namespace, snr_db: float | None) -> dict[str, 
                 expected.append(float(np.mean(n0_true / np.abs(st.gain) ** 2)))
                 covered.append(st.noise_var_lower <= n0_true <= st.noise_var_upper)
             elif truth_db is not None:  # the air's link budget, in the receiver's gain scale
-                n0_air = gp * 10 ** (-truth_db / 10)
+                n0_air = gp * db_to_ratio(-truth_db)
                 expected.append(float(np.mean(n0_air / np.abs(st.gain) ** 2)))
                 lo, hi = last["snr_ci_db"]
                 covered.append(lo <= truth_db <= hi)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.overrides import PathOption, UniqueOverrides
-from testbed.core.config.loader import ConfigError, parse_override
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import parse_override
 
 
 def register(sub: Any) -> None:

@@ -7,8 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.overrides import PathOption, UniqueOverrides, add_fallback_option
-from testbed.core.config.loader import ConfigError
+from testbed.cli.overrides import (
+    UniqueOverrides,
+    add_fallback_option,
+    add_run_dir_options,
+    add_summary_options,
+)
+from testbed.core.config.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -53,17 +58,10 @@ def register(sub: Any) -> None:
         help="follow a `testbed plan --out` file: sets plan, and scheme, rounds, privacy unit "
         "and compression from it (before --set); the config must agree with the rest",
     )
-    p.add_argument("--out", action=PathOption,
-                   help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--resume", action=PathOption, metavar="RUN_DIR",
-                   help="continue an interrupted run (a lab run directory is refused: "
-                   "`testbed launch --resume` or `testbed aggregator --resume` continues it)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress: neither the bar (stderr a terminal) nor the plain "
-                   "per-round lines (otherwise; every progress_every rounds)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-report", action="store_true",
-                   help="do not write report.md and its figures at the end (testbed report)")
+    add_run_dir_options(p, resume_help=(
+        "continue an interrupted run (a lab run directory is refused: `testbed launch "
+        "--resume` or `testbed aggregator --resume` continues it)"))
+    add_summary_options(p, progress_lines="plain per-round lines")
     p.set_defaults(func=_run)
 
 

@@ -8,7 +8,9 @@ apply on top of them.
 
 ``--out`` / ``--resume`` directories (:class:`PathOption`) refuse a control character
 (:func:`testbed.core.config.paths.check_path_text`); ``--fallback``
-(:func:`add_fallback_option`).
+(:func:`add_fallback_option`). The options of a command that writes a run directory
+(``testbed run``, ``testbed aggregator``): :func:`add_run_dir_options` and
+:func:`add_summary_options`.
 """
 
 from __future__ import annotations
@@ -97,3 +99,23 @@ def add_fallback_option(p: argparse.ArgumentParser, what: str) -> None:
         "'emulated radios (no USRP found)'. Default: the hardware config's usrp.fallback "
         "(none: a missing USRP fails the link)",
     )
+
+
+def add_run_dir_options(p: argparse.ArgumentParser, *, resume_help: str) -> None:
+    """``--out`` and ``--resume`` (:class:`PathOption`) of a command that writes a run
+    directory; ``resume_help`` says what ``--resume`` continues."""
+    p.add_argument("--out", action=PathOption,
+                   help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--resume", action=PathOption, metavar="RUN_DIR", help=resume_help)
+
+
+def add_summary_options(p: argparse.ArgumentParser, *, progress_lines: str) -> None:
+    """``--no-progress``, ``--json`` and ``--no-report`` of a command that runs rounds into a
+    run directory; ``progress_lines`` names the per-round lines it prints when stderr is not
+    a terminal."""
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress: neither the bar (stderr a terminal) nor the "
+                   f"{progress_lines} (otherwise; every progress_every rounds)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write report.md and its figures at the end (testbed report)")

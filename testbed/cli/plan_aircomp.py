@@ -11,10 +11,8 @@ import json
 import math
 from typing import Any
 
+from radio.units import db_to_ratio
 from testbed.core.config.experiment import ExperimentConfig
-
-#: Default receiver-noise margin ``eta`` (``--receiver-noise-margin``).
-DEFAULT_MARGIN = 0.1
 
 
 def plan_aircomp_command(args: argparse.Namespace, cfg: ExperimentConfig) -> int:
@@ -29,7 +27,8 @@ def plan_aircomp_command(args: argparse.Namespace, cfg: ExperimentConfig) -> int
         save_aircomp_plan,
     )
     from testbed.core.config.aircomp_checks import aircomp_colluding
-    from testbed.core.config.loader import ConfigError, load_hardware
+    from testbed.core.config.errors import ConfigError
+    from testbed.core.config.loader import load_hardware
     from testbed.core.record_schemes import record_norm_bound
     from testbed.core.run_setup import device_settings, prepare_data
     from testbed.core.schemes import expected_power_bound
@@ -48,7 +47,7 @@ def plan_aircomp_command(args: argparse.Namespace, cfg: ExperimentConfig) -> int
     z_var = max((r.target_noise_multiplier * r.example_clip / r.expected_batch) ** 2
                 for r in recs)
     norm = record_norm_bound(recs[0].example_clip, recs[0].expected_batch)
-    n0s = [10.0 ** (-s / 10.0) for s in cfg.snr_db_per_device()]
+    n0s = [db_to_ratio(-s) for s in cfg.snr_db_per_device()]
     n0 = min(n0s)
     gains = [math.sqrt(n0 / v) for v in n0s]
     p_max = [cfg.power.p_max_w / hw.tx_power_ref_w] * cfg.devices

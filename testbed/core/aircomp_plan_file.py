@@ -36,11 +36,11 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FORMAT = "dpfl-aircomp-plan/1"
+FORMAT: Final = "dpfl-aircomp-plan/1"
 
 
 class _Strict(BaseModel):
@@ -98,7 +98,7 @@ def load_aircomp_plan(path: str | Path) -> AirCompPlanFile:
 
     Raises
     ------
-    testbed.core.config.loader.ConfigError
+    testbed.core.config.errors.ConfigError
         Not readable, or not a valid aircomp plan (naming the key).
     """
     try:
@@ -140,10 +140,10 @@ def checked_aircomp_plan(cfg: Any, d: int) -> AirCompPlanFile:
 
     Raises
     ------
-    testbed.core.config.loader.ConfigError
+    testbed.core.config.errors.ConfigError
         Naming the key the plan and the config disagree on.
     """
-    from testbed.core.config.loader import ConfigError
+    from testbed.core.config.errors import ConfigError
 
     plan = load_aircomp_plan(cfg.aircomp_plan)
     checks: list[tuple[str, Any, Any]] = [

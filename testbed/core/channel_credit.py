@@ -52,10 +52,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from radio.channel_noise import SEEDED, ChannelNoise
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.link import link_name
-from testbed.core.config.loader import ConfigError
 from testbed.core.noise import gaussian
 from testbed.core.schemes import SCHEMES, quant_levels
 

@@ -29,6 +29,7 @@ from testbed.core.secure_socket import (
     check_key_pair,
     check_max_message_bytes,
     check_timeout,
+    check_z85_key,
 )
 
 #: Default seconds :meth:`CurveClient.send` waits for room in the queue.
@@ -117,8 +118,8 @@ class CurveClient:
             if keys_dir is None:
                 raise ValueError("server_public: required when keys_dir is not given")
             server_public = aggregator_public_key(Path(keys_dir))
-        elif not isinstance(server_public, bytes) or len(server_public) != 40:
-            raise ValueError(f"server_public: expected 40 bytes of z85, got {server_public!r:.60}")
+        else:
+            check_z85_key(server_public, "server_public")
         self.public_key = public
         self.endpoint = endpoint
         self._closed = False

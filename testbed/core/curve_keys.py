@@ -45,7 +45,7 @@ AGGREGATOR_NAME = "aggregator"
 KEYS_HINT = "create keys with `testbed keys --out DIR --devices N` and copy them to this host"
 
 #: Length of a z85-encoded 32-byte CURVE key.
-_Z85_KEY_CHARS = 40
+Z85_KEY_CHARS = 40
 #: A certificate is a few hundred bytes; anything far larger is not one.
 _MAX_CERT_BYTES = 64 * 1024
 
@@ -305,7 +305,7 @@ def _check_z85_key(path: Path, name: str, value: str) -> bytes:
 
     raw = value.encode("ascii") if value.isascii() else b""
     try:
-        decoded = z85.decode(raw) if len(raw) == _Z85_KEY_CHARS else b""
+        decoded = z85.decode(raw) if len(raw) == Z85_KEY_CHARS else b""
     except (ValueError, KeyError, struct.error):
         decoded = b""
     if len(decoded) != 32:

@@ -106,7 +106,7 @@ def record_parts(kind: int, round_index: int, key: int, info: bytes,
         n_values = -1
     else:
         array = np.ascontiguousarray(values, dtype="<f8")
-        body, n_values = memoryview(array).cast("B"), array.size
+        body, n_values = array.data.cast("B"), array.size
     head = _HEADER.pack(MAGIC, kind, round_index, key, len(info), n_values)
     digest = hashlib.sha256(head)
     digest.update(info)

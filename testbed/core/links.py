@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from radio.framing import WaveformParams
 from radio.link import Link
 from radio.symbol_link import ChannelParams, SymbolLink
 from radio.waveform_channel import EmulatorParams
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.link import link_name
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.link import LINKS, link_name
 
 #: Links that carry I/Q samples and can therefore record them (``record: true``).
 RECORDING_LINKS: tuple[str, ...] = ("waveform", "gnuradio", "usrp")
@@ -33,36 +37,23 @@ def channel_params(exp: ExperimentConfig, hw: HardwareConfig) -> ChannelParams:
     )
 
 
+def _section_fields(section: BaseModel, target: type[Any]) -> dict[str, Any]:
+    """The keys of hardware-config ``section`` that dataclass ``target`` has a field of the
+    same name for, with their values: what the radio settings take from the config as is."""
+    return section.model_dump(include={f.name for f in dataclasses.fields(target)})
+
+
 def waveform_params(hw: HardwareConfig) -> WaveformParams:
-    """Frame numerology of a hardware config."""
-    w = hw.waveform
-    return WaveformParams(
-        symbol_rate_hz=hw.symbol_rate_hz,
-        samples_per_symbol=w.samples_per_symbol,
-        rolloff=w.rolloff,
-        span_symbols=w.span_symbols,
-        zc_length=w.zc_length,
-        preamble_repeats=w.preamble_repeats,
-        pilot_spacing=w.pilot_spacing,
-        pilots_per_block=w.pilots_per_block,
-        pilot_smoothing=w.pilot_smoothing,
-        guard_symbols=w.guard_symbols,
-        distortion_floor_db=w.distortion_floor_db,
-    )
+    """Frame numerology of a hardware config (``zc_root``, ``postamble_root`` and
+    ``pilot_seed`` are not config keys: :class:`~radio.framing.WaveformParams`' own)."""
+    return WaveformParams(symbol_rate_hz=hw.symbol_rate_hz,
+                          **_section_fields(hw.waveform, WaveformParams))
 
 
 def emulator_params(hw: HardwareConfig) -> EmulatorParams:
     """Impairments the emulated links apply (fading kind comes from the channel params)."""
-    w = hw.waveform
-    return EmulatorParams(
-        speed_kmh=w.speed_kmh,
-        carrier_hz=hw.center_freq_hz,
-        cfo_hz=w.cfo_hz,
-        cfo_spread_hz=w.cfo_spread_hz,
-        delay_max_samples=w.delay_max_samples,
-        sro_ppm=w.sro_ppm,
-        tail_samples=w.tail_samples,
-    )
+    return EmulatorParams(carrier_hz=hw.center_freq_hz,
+                          **_section_fields(hw.waveform, EmulatorParams))
 
 
 def check_link_config(exp: ExperimentConfig, hw: HardwareConfig, *, record: bool,
@@ -188,24 +179,13 @@ def _build_link(
             except RuntimeError as exc:
                 raise LinkFailed(f"usrp link (virtual radios): {exc}") from exc
             hw = air.hw
-        u = hw.usrp
         settings = UsrpSettings(
-            tx_args=u.tx_args,
-            rx_args=u.rx_args,
             center_freq_hz=hw.center_freq_hz,
             sample_rate_hz=hw.sample_rate_hz,
-            tx_gain_db=u.tx_gain_db,
-            rx_gain_db=u.rx_gain_db,
-            tx_antenna=u.tx_antenna,
-            rx_antenna=u.rx_antenna,
-            tx_amplitude=u.tx_amplitude,
-            clock_source=u.clock_source,
-            time_source=u.time_source,
-            burst_lead_s=u.burst_lead_s,
-            capture_margin_s=u.capture_margin_s,
             python=hw.gnuradio.python,
             tx_air_address=hw.virtual_air.burst_address if hw.virtual else "",
             rx_air_address=hw.virtual_air.stream_address if hw.virtual else "",
+            **_section_fields(hw.usrp, UsrpSettings),
         )
         try:
             return UsrpLink(
@@ -217,4 +197,4 @@ def _build_link(
             if air is not None:
                 air.close()
             raise
-    raise ValueError(f"link: got {name!r}; allowed: 'symbol', 'waveform', 'gnuradio', 'usrp'")
+    raise ValueError(f"link: got {name!r}; allowed: {', '.join(repr(n) for n in LINKS)}")

@@ -231,11 +231,6 @@ def gaussian(
 # ---------------------------------------------------------------- exact discrete Gaussian
 
 
-def _bernoulli(num: int, den: int) -> bool:
-    """Exact ``Bernoulli(num / den)``, ``0 <= num <= den``."""
-    return secrets.randbelow(den) < num
-
-
 def _bernoulli_exp_le1(num: int, den: int) -> bool:
     """Exact ``Bernoulli(exp(-num/den))`` for ``0 <= num/den <= 1`` (CKS Algorithm 1)."""
     k = 1

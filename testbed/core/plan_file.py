@@ -73,10 +73,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from testbed.core.config.loader import ConfigError, validate
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import validate
 from testbed.core.config.safe_yaml import read_yaml_mapping, short_repr
 
-PLAN_FORMAT = "dpfl-plan/2"
 #: Formats :func:`load_plan` reads (``/1``: device-level plans before the record unit).
 READABLE_FORMATS = ("dpfl-plan/1", "dpfl-plan/2")
 

@@ -41,24 +41,18 @@ from testbed.core.privacy import (
     Ledger,
     LedgerError,
     PrivacyAccountant,
-    UploadEvent,
 )
 from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.event_types import UNIT_CLASSES, PrivacyEvent
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
 from testbed.core.privacy.ledger_parse import gc_paused
 from testbed.core.privacy.record_accountant import RecordAccountant
 from testbed.core.privacy.record_epsilon import RECORD_ACCOUNTANTS
-from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 from testbed.core.rundir import append_jsonl, atomic_write_bytes, read_jsonl
 
 #: Accountings kept side by side, per privacy unit; the first is the default enforced one.
 ACCOUNTINGS = {"device": MODES, "record": RECORD_ACCOUNTANTS}
-#: Event types each unit records (the record unit: subsampled Gaussian or full-batch Laplace).
-EVENT_CLASSES: dict[str, tuple[type, ...]] = {
-    "device": (UploadEvent,),
-    "record": (RecordEvent, LaplaceRecordEvent, AirCompEvent),
-}
 
 
 def make_accountants(unit: str, delta: float, relation: str = "add-remove") -> dict[str, Any]:
@@ -114,7 +108,7 @@ class PrivacyBook:
         if enforce not in ACCOUNTINGS[unit]:
             raise ValueError(f"enforce: got {enforce!r}; allowed {ACCOUNTINGS[unit]} ({unit} unit)")
         self.unit = unit
-        self.event_class = EVENT_CLASSES[unit]
+        self.event_class = UNIT_CLASSES[unit]  # the event types the unit records
         pinned: dict[str, Any] = {"delta": delta, "accounting": enforce, "epsilon_target": target}
         if unit == "record":
             pinned |= {"unit": unit, "relation": relation}
@@ -128,7 +122,7 @@ class PrivacyBook:
             entries += self._recover_intents(nonces)  # adds the recovered nonces
             nonces.discard(None)
             self._nonces: set[str] = nonces  # type: ignore[assignment]
-            events = list(map(itemgetter(0), entries))
+            events: list[PrivacyEvent] = list(map(itemgetter(0), entries))
             del entries
             event_class = self.event_class
             if not all(issubclass(kind, event_class) for kind in set(map(type, events))):
@@ -146,11 +140,11 @@ class PrivacyBook:
         self.delta = delta
         self.guard = BudgetGuard(self.accountants[enforce], target)
 
-    def _compose(self, event: Any) -> None:
+    def _compose(self, event: PrivacyEvent) -> None:
         for acc in self.accountants.values():
             acc.add(event)
 
-    def allows(self, event: Any) -> bool:
+    def allows(self, event: PrivacyEvent) -> bool:
         """Whether recording ``event`` keeps its device within the target."""
         return self.guard.allows(event.device, event)
 
@@ -158,7 +152,7 @@ class PrivacyBook:
         """Record every intent whose nonce is not among ``recorded`` (the ledger's nonces,
         to which the recorded intents' nonces are added): it may have gone on air. Returns
         the entries appended, in order."""
-        self.recovered: list[Any] = []
+        self.recovered: list[PrivacyEvent] = []
         appended: list[LedgerEntry] = []
         lines = read_jsonl(self.intents_path)
         cancelled = {
@@ -176,7 +170,11 @@ class PrivacyBook:
                 )
             if nonce in recorded:
                 continue
-            event = EVENT_TYPES[data["event"].get("type")].from_dict(data["event"])
+            kind = data["event"].get("type")
+            cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+            if cls is None:
+                raise EventError(f"{self.intents_path}: line {number}: unknown event type {kind!r}")
+            event = cls.from_dict(data["event"])
             warnings.warn(
                 f"ledger: device {event.device} round {event.round} was about to transmit "
                 "when the run stopped; recording it with its gated (conservative) values",
@@ -191,7 +189,7 @@ class PrivacyBook:
             atomic_write_bytes(self.intents_path, b"")
         return appended
 
-    def begin(self, event: Any, nonce: str | None = None) -> str:
+    def begin(self, event: PrivacyEvent, nonce: str | None = None) -> str:
         """Durably note that ``event``'s device is about to transmit (before the air).
 
         ``nonce``: the transmission's id when a peer chose it (a lab aggregator authorizes
@@ -223,15 +221,15 @@ class PrivacyBook:
         """Nonces of every recorded upload."""
         return set(self._nonces)
 
-    def entries_by_nonce(self) -> dict[str, Any]:
+    def entries_by_nonce(self) -> dict[str, PrivacyEvent]:
         """Every recorded event by its nonce."""
         return {e.nonce: e.event for e in self.ledger.entries() if e.nonce is not None}
 
-    def entries(self, device: int) -> list[tuple[str | None, Any]]:
+    def entries(self, device: int) -> list[tuple[str | None, PrivacyEvent]]:
         """``(nonce, event)`` of every recorded upload of ``device``, in ledger order."""
         return [(e.nonce, e.event) for e in self.ledger.entries() if e.event.device == device]
 
-    def commit(self, event: Any, nonce: str) -> None:
+    def commit(self, event: PrivacyEvent, nonce: str) -> None:
         """Record the upload with the credited channel state (after reception): append it
         durably under the transmission's ``nonce``, then compose it in every accountant.
 
@@ -281,7 +279,7 @@ class PrivacyBook:
         out["uploads"] = len(history)
         return out
 
-    def _aircomp_figures(self, history: tuple[Any, ...]) -> dict[str, Any]:
+    def _aircomp_figures(self, history: tuple[PrivacyEvent, ...]) -> dict[str, Any]:
         """Over-the-air rounds: the colluders the budget was enforced under (the summary's
         ``privacy.trust`` says it in words), and the epsilon with every other device
         colluding (own noise and the receiver's only), composed by the enforced accountant

@@ -28,13 +28,13 @@ from testbed.core.protocol_schema import (
     PAYLOADS,
     SECAGG_CIPHERTEXT_HEX,
     SECAGG_KEY_HEX,
-    SECAGG_MIN_DEVICES,
     SECAGG_NONCE_HEX,
     SECAGG_ORDINATE_HEX,
     STR,
     TX_REPORT_KEYS,
     ProtocolError,
 )
+from testbed.core.secagg import MIN_DEVICES
 
 
 def kind_ok(value: Any, kind: str) -> bool:
@@ -152,8 +152,8 @@ def _check_secagg(msg_type: str, fields: dict[str, Any]) -> None:
         _items(msg_type, "keys", keys, {"device": "device", "mask_public": SECAGG_KEY_HEX,
                                         "channel_public": SECAGG_KEY_HEX})
         members = _device_set(msg_type, "keys", [k["device"] for k in keys])
-        if len(members) < SECAGG_MIN_DEVICES or me not in members:
-            raise ProtocolError(f"sa_roster: must list at least {SECAGG_MIN_DEVICES} devices, "
+        if len(members) < MIN_DEVICES or me not in members:
+            raise ProtocolError(f"sa_roster: must list at least {MIN_DEVICES} devices, "
                                 "its recipient among them")
         if not 2 <= fields["threshold"] <= len(members) - 1:
             raise ProtocolError(f"sa_roster: threshold {fields['threshold']} outside "

@@ -27,8 +27,6 @@ SECAGG_KEY_HEX = 64
 SECAGG_NONCE_HEX = 24
 SECAGG_CIPHERTEXT_HEX = 296
 SECAGG_ORDINATE_HEX = 132
-#: Fewest devices a secure-aggregation roster lists.
-SECAGG_MIN_DEVICES = 3
 
 #: The kinds of a field in the schemas below (checked by
 #: :func:`testbed.core.protocol_checks.kind_ok`).

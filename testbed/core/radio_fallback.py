@@ -31,13 +31,13 @@ What changes: ``usrp.burst_lead_s`` is at least :data:`VIRTUAL_BURST_LEAD_S`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 from radio.link import LinkFailed
 from radio.link_budget import noise_psd_w_per_hz
 from radio.uhd_probe import ProbeResult, find_usrps
+from radio.units import db_to_ratio, ratio_to_db
 from testbed.core.config.emulated import EMULATED_LABEL, EmulatedRadios
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
@@ -220,13 +220,13 @@ def emulated_hardware(
 
     def tx_args(serial: str, device: int | None, gain_db: float, ref_w: float,
                 max_w: float) -> str:
-        full_scale = ref_w * sps / (u.tx_amplitude**2 * 10 ** (gain_db / 10))
+        full_scale = ref_w * sps / (u.tx_amplitude**2 * db_to_ratio(gain_db))
         parts = [f"type=virtual,serial={serial}", f"full_scale_w={full_scale:.9g}",
                  f"max_power_w={max_w:.9g}"]
         if drifting and device is not None:
             parts.append(f"drift_ppm={INTERNAL_DRIFT_PPM[device % len(INTERNAL_DRIFT_PPM)]}")
         snr = snr_of(device)
-        attenuation = 10 * math.log10(ref_w / (n0 * hw.symbol_rate_hz)) - snr
+        attenuation = ratio_to_db(ref_w / (n0 * hw.symbol_rate_hz)) - snr
         if not 0 <= attenuation <= 300:
             raise ValueError(
                 f"snr_db: {snr} dB for {serial} needs a path loss of {attenuation:.1f} dB from "

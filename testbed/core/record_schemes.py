@@ -43,9 +43,9 @@ from functools import lru_cache
 from typing import Any
 
 from testbed.core.config.aircomp_checks import aircomp_colluding, aircomp_margin
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.loader import ConfigError
 from testbed.core.privacy.aircomp_noise import share_sigma
 from testbed.core.privacy.record_planning import (
     calibrate_laplace_noise_multiplier,

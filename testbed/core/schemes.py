@@ -30,9 +30,9 @@ from typing import Any
 
 from radio.units import noise_var_from_snr_db
 from testbed.core.compression_bounds import theta_qs
+from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.config.loader import ConfigError
 from testbed.core.privacy import epsilon_for
 
 

@@ -42,6 +42,8 @@ import math
 
 import zmq
 
+from testbed.core.curve_keys import Z85_KEY_CHARS
+
 #: Default largest frame, bytes of plaintext (each frame of a multipart message).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 #: Smallest allowed ``max_message_bytes``: libzmq's limit also applies to the handshake
@@ -91,11 +93,18 @@ def check_hwm(value: int) -> int:
     return value
 
 
+def check_z85_key(key: bytes, what: str) -> bytes:
+    """``key`` if it is a z85-encoded CURVE key (:data:`~testbed.core.curve_keys.Z85_KEY_CHARS`
+    bytes), else ``ValueError`` naming ``what``."""
+    if not isinstance(key, bytes) or len(key) != Z85_KEY_CHARS:
+        raise ValueError(f"{what}: expected {Z85_KEY_CHARS} bytes of z85, got {key!r:.60}")
+    return key
+
+
 def check_key_pair(public: bytes, secret: bytes, who: str) -> tuple[bytes, bytes]:
     """``(public, secret)`` if they are z85 CURVE keys that belong together."""
     for name, key in (("public", public), ("secret", secret)):
-        if not isinstance(key, bytes) or len(key) != 40:
-            raise ValueError(f"{who} {name} key: expected 40 bytes of z85, got {key!r:.60}")
+        check_z85_key(key, f"{who} {name} key")
     try:
         derived = zmq.curve_public(secret)
     except zmq.ZMQError as exc:

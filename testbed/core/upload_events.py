@@ -10,6 +10,8 @@ import numpy as np
 from radio.link import ChannelState
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.privacy import LaplaceRecordEvent, RecordEvent, UploadEvent
+from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.event_types import PrivacyEvent  # re-exported: any upload's event
 from testbed.core.record_schemes import RecordSettings, step_sigma
 from testbed.core.schemes import DeviceUplink
 
@@ -45,9 +47,6 @@ def channel_fields(state: ChannelState | None, up: DeviceUplink, d: int) -> dict
     }
 
 
-#: Any event one upload produces.
-PrivacyEvent = UploadEvent | RecordEvent | LaplaceRecordEvent
-
 #: Keys of :func:`channel_fields` that a peer may send (the rest each side knows itself).
 CHANNEL_KEYS = ("gain", "n0", "trusted_channel_noise", "bound_failure_prob")
 #: The part of an over-the-air aggregation event (``record-aircomp/v1``) that the receiver
@@ -62,7 +61,7 @@ def channel_keys(scheme: str) -> tuple[str, ...]:
     return AIRCOMP_CHANNEL_KEYS if scheme == "aircomp" else CHANNEL_KEYS
 
 
-def event_channel(event: Any) -> dict[str, Any] | None:
+def event_channel(event: PrivacyEvent) -> dict[str, Any] | None:
     """The channel part of ``event`` (``None``: an event with none, e.g. 004's Laplace
     replies)."""
     data = event.to_dict()
@@ -140,12 +139,11 @@ def upload_event(
 
 
 def _aircomp_event(cfg: ExperimentConfig, up: DeviceUplink, record: RecordSettings | None,
-                   device: int, round_index: int, channel: dict[str, Any]) -> PrivacyEvent:
+                   device: int, round_index: int, channel: dict[str, Any]) -> AirCompEvent:
     """The device's ``record-aircomp/v1`` event: its own settings, and the round's part
     (:data:`AIRCOMP_CHANNEL_KEYS`) from ``channel``; without it, its own noise only (no
     other device's, no receiver's credited): the conservative figure."""
     from testbed.core.config.aircomp_checks import aircomp_colluding
-    from testbed.core.privacy.aircomp_events import AirCompEvent
 
     if record is None:
         raise ValueError("scheme aircomp runs at the record unit")

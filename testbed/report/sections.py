@@ -280,11 +280,11 @@ def settings_table(run: RunData) -> Table:
         if cell.op is not None:
             t.rows.append([label("link used"), cell, label(f"{file}: link")])
             break
-    for key, what in (("radios",), "radios"), (("fading", "model"), "fading applied"), \
+    for path, what in (("radios",), "radios"), (("fading", "model"), "fading applied"), \
             (("fading", "source"), "fading imposed by"), (("fading", "speed_kmh"), "speed (km/h)"):
-        if run.applied(*key) is not None:
-            t.rows.append([label(what), value_cell(run.summary, SUMMARY, key),
-                           label(f"{SUMMARY}: {'.'.join(key)}")])
+        if run.applied(*path) is not None:
+            t.rows.append([label(what), value_cell(run.summary, SUMMARY, path),
+                           label(f"{SUMMARY}: {'.'.join(path)}")])
     if run.private:  # what was credited, which may be less than the configured fraction
         for key, what in (("credited_fraction", "channel-noise fraction credited"),
                           ("source", "channel noise source"), ("reason", "why none credited")):

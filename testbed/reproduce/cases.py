@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.core.config.loader import ConfigError, load_experiment
+from testbed.core.config.errors import ConfigError
+from testbed.core.config.loader import load_experiment
 
 #: The shipped record-level config every reproduction run starts from.
 BASE_CONFIG = Path(__file__).resolve().parents[1] / "config" / "private-fedsgd.yaml"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.reproduce.printed import FIG3_RATIO_RANGE
 from testbed.sweep.cells import read_summary
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.core.rundir import atomic_write_bytes, dumps
 from testbed.reproduce.cases import (
     BASE_CONFIG,

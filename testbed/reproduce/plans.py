@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.core.config.loader import ConfigError
+from testbed.core.config.errors import ConfigError
 from testbed.core.rundir import atomic_write_bytes
 from testbed.reproduce.cases import BASE_CONFIG
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from radio.units import db_to_ratio
+from testbed.core.config.link import LINKS
 
-#: Links aircomp runs on in this version (``usrp``: real or virtual radios, lab processes).
-AIRCOMP_LINKS = ("symbol", "waveform", "gnuradio", "usrp")
+#: Links aircomp runs on in this version: every link (``usrp``: real or virtual radios, lab
+#: processes).
+AIRCOMP_LINKS: tuple[str, ...] = LINKS
 #: Of those, the links whose receiver estimates the paths from pilot frames.
 AIRCOMP_FRAME_LINKS = ("waveform", "gnuradio")
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from testbed.core.config.aircomp_checks import check_aircomp
+from testbed.core.config.link import LinkName
 from testbed.core.config.safe_yaml import short_repr
 from testbed.core.config.sections import (
     DEVICE_ALLOWED,
@@ -63,7 +64,6 @@ SCHEMES = (
 SAMPLED_SCHEMES = ("fedsgd-dpc", "zcdp-secagg")
 #: The peer systems (record unit, per-step noise only).
 PEER_SCHEMES = ("dp-pasgd", *SAMPLED_SCHEMES)
-LINKS = ("symbol", "waveform", "gnuradio", "usrp")
 DATASETS = ("fashion-mnist", "mnist", "cifar10")
 MODELS = ("mnist-cnn", "cifar-cnn", "logreg")
 
@@ -134,7 +134,7 @@ class ExperimentConfig(StrictModel):
             "per round, drawn with the OS CSPRNG; null = every device"
         ),
     )
-    link: Literal["symbol", "waveform", "gnuradio", "usrp"] | None = Field(
+    link: LinkName | None = Field(
         None, description="overrides the hardware config's link"
     )
     hw_config: str = Field(
@@ -286,7 +286,7 @@ class ExperimentConfig(StrictModel):
     @classmethod
     def _builtin_or_import_string(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, str):
-            key = info.field_name
+            key = "dataset" if info.field_name == "dataset" else "model"
             check_import_syntax(key, v, DATASETS if key == "dataset" else MODELS)
         return v
 

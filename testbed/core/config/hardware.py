@@ -32,20 +32,15 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from radio.link_budget import budget_snr_db, path_gain
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
 from radio.virtual_device import VirtualArgs, is_virtual, split_args
 from testbed.core.config.emulated import EmulatedRadios
 from testbed.core.config.errors import ConfigError
+from testbed.core.config.link import LinkName
+from testbed.core.config.sections import StrictModel
 from testbed.core.config.virtual_air import VirtualAirSection
 
 #: Key of the validation context that names the file a hardware config was read from
@@ -58,15 +53,7 @@ MAX_DEVICE_ID = 65535
 IDENTITY_KEYS = ("addr", "serial", "name", "resource")
 
 
-class _Strict(BaseModel):
-    """Base: unknown keys refused, no coercion across kinds, finite numbers only."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
-    )
-
-
-class WaveformSection(_Strict):
+class WaveformSection(StrictModel):
     """Baseband numerology and emulated impairments (see ``radio.framing``)."""
 
     samples_per_symbol: int = Field(5, ge=2, le=64, description="RRC oversampling")
@@ -107,7 +94,7 @@ class WaveformSection(_Strict):
         return self
 
 
-class GnuradioSection(_Strict):
+class GnuradioSection(StrictModel):
     """The GNU Radio channel-emulator process."""
 
     noise_seed: int = Field(0, ge=0, le=2**31 - 1, description="channel_model noise seed")
@@ -144,7 +131,7 @@ def same_usrp(a: str, b: str) -> bool:
     return any(k in da and k in db and da[k] == db[k] for k in IDENTITY_KEYS)
 
 
-class DeviceRadioEntry(_Strict):
+class DeviceRadioEntry(StrictModel):
     """One edge device's own transmitter (an entry of ``usrp.devices``)."""
 
     device: int = Field(ge=0, le=MAX_DEVICE_ID, description="the edge's --device-id")
@@ -176,7 +163,7 @@ class DeviceRadioEntry(_Strict):
         return v
 
 
-class UsrpSection(_Strict):
+class UsrpSection(StrictModel):
     """The receiver, the single-process link's transmitter, and each device's transmitter."""
 
     tx_args: str = Field("addr=192.168.10.2", description="UHD device args of the transmitter")
@@ -212,11 +199,11 @@ class UsrpSection(_Strict):
     )
 
 
-class HardwareConfig(_Strict):
+class HardwareConfig(StrictModel):
     """Link selection and the radio parameters every link shares."""
 
     name: str = "sim"
-    link: Literal["symbol", "waveform", "gnuradio", "usrp"] = "symbol"
+    link: LinkName = "symbol"
     symbol_rate_hz: float = Field(
         200e3, gt=0, le=1e9, description="analog symbol rate; t_cm = 1 / symbol_rate_hz (s)"
     )

@@ -31,7 +31,6 @@ from testbed.core.config.safe_yaml import (
 __all__ = [
     "HW_CONFIG_DIR",
     "HW_CONFIG_ENV",
-    "ConfigError",
     "apply_overrides",
     "default_experiment_dict",
     "dump_yaml",
@@ -59,7 +58,8 @@ _BARE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 def default_experiment_dict() -> dict[str, Any]:
     """The default experiment shipped with the package, as a plain mapping."""
-    text = resources.files("testbed").joinpath("config", "default.yaml").read_text("utf-8")
+    # one name per step: Traversable.joinpath takes a single one before Python 3.11
+    text = (resources.files("testbed") / "config" / "default.yaml").read_text("utf-8")
     data = parse_yaml_text(text, "the shipped default.yaml")
     assert isinstance(data, dict)
     return data

@@ -21,7 +21,6 @@ plan files, calibration files) and every ``--set`` / ``--hw-set`` value goes thr
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 from pathlib import Path
@@ -260,11 +259,3 @@ def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, 
             f"got {type(data).__name__}"
         )
     return data
-
-
-def is_readable_file(path: str | Path) -> bool:
-    """Whether ``path`` is an existing regular file (no exception for odd paths)."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False

@@ -13,20 +13,15 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from testbed.core.config.sections import StrictModel
 from testbed.core.endpoints import endpoint_problem
 
 _SERIAL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, validate_default=True
-    )
-
-
-class AirPath(_Strict):
+class AirPath(StrictModel):
     """One transmitter's path to the receiver (found by the transmitter's ``serial``)."""
 
     serial: str = Field(description="the transmitter's serial= in its device args")
@@ -56,7 +51,7 @@ class AirPath(_Strict):
         return self
 
 
-class VirtualAirSection(_Strict):
+class VirtualAirSection(StrictModel):
     """The virtual air: addresses, receiver noise, fading, and one path per transmitter."""
 
     burst_address: str = Field(

@@ -33,7 +33,8 @@ def dataset_arrays(ds: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
         An item that is not a ``(sample, label)`` pair, samples of different shapes, or a
         label that is not an integer (``what`` names the split in the message).
     """
-    xs, ys = [], []
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
     for i in range(len(ds)):
         item = ds[i]
         if not isinstance(item, tuple | list) or len(item) != 2:

@@ -53,7 +53,7 @@ from typing import IO, Any, ClassVar, Protocol
 
 from testbed.core.durable import fsync_dir
 from testbed.core.privacy.accountant import PrivacyAccountant
-from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.event_types import EVENT_CLASSES, PrivacyEvent, by_type_tag
 from testbed.core.privacy.events import UploadEvent
 from testbed.core.privacy.ledger_file import TornLineWarning, cut_torn, flocked, writer_of
 from testbed.core.privacy.ledger_parse import (
@@ -72,7 +72,6 @@ from testbed.core.privacy.ledger_verified import (
     read_verified,
     write_verified,
 )
-from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
 
 __all__ = [
     "EVENT_TYPES",
@@ -106,13 +105,9 @@ class LedgerEvent(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-#: Event classes the ledger can hold, by their JSON ``type`` tag.
-EVENT_TYPES: dict[str, Any] = {
-    UploadEvent.TYPE: UploadEvent,
-    RecordEvent.TYPE: RecordEvent,
-    LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
-    AirCompEvent.TYPE: AirCompEvent,
-}
+#: Event classes the ledger can hold, by their JSON ``type`` tag (those of
+#: :data:`~testbed.core.privacy.event_types.EVENT_CLASSES`).
+EVENT_TYPES: dict[str, type[PrivacyEvent]] = by_type_tag(EVENT_CLASSES)
 
 
 def intents_path(ledger_path: Path) -> Path:
@@ -120,7 +115,7 @@ def intents_path(ledger_path: Path) -> Path:
     return ledger_path.with_name(ledger_path.stem + ".intents.jsonl")
 
 
-def register_event_type(cls: Any) -> Any:
+def register_event_type(cls: type[PrivacyEvent]) -> type[PrivacyEvent]:
     """Let the ledger read events of ``cls`` (its ``TYPE`` tag must be new). Returns ``cls``."""
     known = EVENT_TYPES.get(cls.TYPE)
     if known is not None and known is not cls:
@@ -301,7 +296,8 @@ class Ledger:
     def __len__(self) -> int:
         return self._count
 
-    def append(self, event: LedgerEvent, nonce: str | None = None, *, adopt: bool = False) -> None:
+    def append(self, event: PrivacyEvent, nonce: str | None = None, *, adopt: bool = False
+               ) -> None:
         """Write ``event`` (with its transmission ``nonce``) as one chained line; durable
         (flushed and fsynced) when this returns.
 
@@ -318,7 +314,7 @@ class Ledger:
         """
         if self._handle is None:
             raise LedgerError(f"{self._path}: ledger is closed")
-        if EVENT_TYPES.get(getattr(event, "TYPE", None)) is not type(event):  # type: ignore[arg-type]
+        if EVENT_TYPES.get(getattr(event, "TYPE", "")) is not type(event):
             raise TypeError(f"append: not a registered event type: {type(event).__name__}")
         self._refuse_legacy()
         data = event.to_dict()
@@ -452,7 +448,7 @@ class Ledger:
             warnings.warn(f"{self._path}: ignoring a torn last line", TornLineWarning, stacklevel=2)
         return LineParser(self._path, EVENT_TYPES, HEADER_TYPE).parse(data)
 
-    def events(self) -> list[Any]:
+    def events(self) -> list[PrivacyEvent]:
         """Every event in the file, in order."""
         return [entry.event for entry in self.entries()]
 
@@ -492,5 +488,7 @@ def rebuild_accountant(
         with Ledger.open(ledger) as opened:
             events = [entry.event for entry in opened.take_loaded()]
     for event in events:
+        if not isinstance(event, UploadEvent):  # a record-level ledger
+            raise TypeError(f"add: expected an UploadEvent, got {type(event).__name__}")
         accountant.add(event)
     return accountant

@@ -51,14 +51,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from testbed.core.privacy.event_types import PrivacyEvent
 from testbed.core.privacy.events import EventError
-from testbed.core.privacy.ledger_shape import (  # noqa: F401 - seal, gc_paused: re-exported
-    SEAL_HEAD,
-    Shape,
-    Shapes,
-    gc_paused,
-    seal,
-)
+from testbed.core.privacy.ledger_shape import SEAL_HEAD, Shape, Shapes
+from testbed.core.privacy.ledger_shape import gc_paused as gc_paused  # re-exported
+from testbed.core.privacy.ledger_shape import seal as seal  # re-exported
 
 #: The four values cut out of a line: a JSON integer (no sign, no leading zero) or a string
 #: of ASCII letters and digits (lower-case hex for ``prev``), each ending where the value ends.
@@ -87,7 +84,7 @@ class LedgerEntry(NamedTuple):
 
     Immutable (a named tuple: a million of them are built on resume)."""
 
-    event: Any
+    event: PrivacyEvent
     nonce: str | None
 
 
@@ -107,7 +104,7 @@ class _Template:
 
     __slots__ = ("event", "nonce", "shape")
 
-    def __init__(self, event: Any, nonce: str | None) -> None:
+    def __init__(self, event: PrivacyEvent, nonce: str | None) -> None:
         self.event = event
         self.nonce = nonce
         self.shape: Shape | None = None
@@ -147,8 +144,8 @@ class LineParser:
         next line must carry (the last seal, or :data:`GENESIS`).
     """
 
-    def __init__(self, path: Path, event_types: Mapping[str, Any], header_type: str, *,
-                 templates: bool = True) -> None:
+    def __init__(self, path: Path, event_types: Mapping[str, type[PrivacyEvent]],
+                 header_type: str, *, templates: bool = True) -> None:
         self._path = path
         self._types = event_types
         self._header_type = header_type
@@ -447,7 +444,7 @@ class LineParser:
                 entry = None
             else:
                 data.pop("writer", None)  # checked with the chain
-                cls = self._types.get(kind)  # type: ignore[arg-type]
+                cls = self._types.get(kind) if isinstance(kind, str) else None
                 if cls is None:
                     raise EventError(f"unknown event type {kind!r}; known: {sorted(self._types)}")
                 nonce = data.pop("nonce", None)

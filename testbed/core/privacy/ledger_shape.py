@@ -144,7 +144,8 @@ class Shapes:
         events: list[Any] = []
         nonces: list[bytes] = []
         add_event, add_nonce = events.append, nonces.append
-        last, raw = None, first
+        last: bytes | None = None
+        raw: bytes | None = first
         j = k = u = v = w = -1  # the last line's offsets: most lines have the same
         d_end = w_end = -1  # j - l1 and w + 64 for them
         while raw is not None:

@@ -58,7 +58,8 @@ def interval_of(pld: Any) -> float:
 
 def size_of(pld: Any) -> int:
     """Grid points of the larger direction of a PLD."""
-    return max(p.size for p in _pmfs(pld) if p is not None)
+    size: int = max(p.size for p in _pmfs(pld) if p is not None)
+    return size
 
 
 def _coarsen_pmf(pmf: Any, factor: int) -> Any:
@@ -153,7 +154,8 @@ def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     from scipy import fft as sp_fft
 
     if a.size == 1 or b.size == 1:  # as scipy: no axis to transform, the plain product
-        return a * b
+        product: np.ndarray = a * b
+        return product
     if a.dtype.kind in "iu":  # as scipy: integer arrays are transformed as float64
         a = a.astype(np.float64)
     if b.dtype.kind in "iu":
@@ -169,7 +171,8 @@ def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if len(_SPECTRA) >= _SPECTRA_HELD:
             _SPECTRA.pop(next(iter(_SPECTRA)))
         _SPECTRA[key] = (b.copy(), spectrum_b)
-    out = sp_fft.irfftn(sp_fft.rfftn(a, [nfft], axes=[0]) * spectrum_b, [nfft], axes=[0])
+    out: np.ndarray = sp_fft.irfftn(sp_fft.rfftn(a, [nfft], axes=[0]) * spectrum_b, [nfft],
+                                    axes=[0])
     return out[:n]
 
 

@@ -210,7 +210,8 @@ def _convert_array(rdp: np.ndarray, order: np.ndarray, delta: float, conversion:
     if conversion == "standard":
         return rdp + math.log(1.0 / delta) / (order - 1.0)
     eps = rdp + np.log1p(-1.0 / order) - (math.log(delta) + np.log(order)) / (order - 1.0)
-    return np.maximum(eps, 0.0)
+    out: np.ndarray = np.maximum(eps, 0.0)
+    return out
 
 
 def gaussian_epsilon_closed_form(*, coefficient: float, delta: float) -> tuple[float, float]:

@@ -34,19 +34,18 @@ from typing import Any
 import numpy as np
 
 from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.event_types import RECORD_CLASSES, AnyRecordEvent, by_type_tag
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.record_compose import ContributionKey, RdpEngine
 from testbed.core.privacy.record_device_level import device_level_epsilon
 from testbed.core.privacy.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
-    RECORD_CLASSES,
-    AnyRecordEvent,
     RecordEpsilon,
     check_delta,
     epsilon_result,
     make_engine,
 )
-from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
+from testbed.core.privacy.record_events import LaplaceRecordEvent
 from testbed.core.privacy.replay_runs import advance_run, run_starts
 from testbed.core.privacy.state_trie import Node, StateTrie
 
@@ -54,11 +53,7 @@ _STATE_VERSION = 1
 _STATE_KIND = "record-accountant"
 _NO_CHANNEL_CACHE_SIZE = 4096
 #: The record-level event types, by JSON ``type`` tag.
-RECORD_EVENT_TYPES: dict[str, Any] = {
-    RecordEvent.TYPE: RecordEvent,
-    LaplaceRecordEvent.TYPE: LaplaceRecordEvent,
-    AirCompEvent.TYPE: AirCompEvent,
-}
+RECORD_EVENT_TYPES: dict[str, type[AnyRecordEvent]] = by_type_tag(RECORD_CLASSES)
 
 
 def _key_steps(key: Any) -> int:
@@ -337,7 +332,7 @@ class RecordAccountant:
 
 def _parse_event(data: Any) -> AnyRecordEvent:
     kind = data.get("type") if isinstance(data, dict) else None
-    cls = RECORD_EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    cls = RECORD_EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise EventError(f"unknown record event type {kind!r}; known: {sorted(RECORD_EVENT_TYPES)}")
     return cls.from_dict(data)

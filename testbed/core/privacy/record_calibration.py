@@ -21,7 +21,8 @@ _MAX_DOUBLINGS = 60
 _RELATIVE_TOL = 1e-6
 
 
-class _EngineAccountant(dp_accounting.PrivacyAccountant):
+# dp_accounting ships no type information (no py.typed), so its base class is Any to mypy.
+class _EngineAccountant(dp_accounting.PrivacyAccountant):  # type: ignore[misc]
     """A ``dp_accounting`` accountant that composes Poisson-sampled Gaussians with our engine."""
 
     def __init__(self, engine: RdpEngine | PldEngine) -> None:
@@ -70,7 +71,9 @@ def calibrate(engine: RdpEngine | PldEngine, *, q: float, steps: int,
             dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), steps)
 
     def epsilon(z: float) -> float:
-        return _EngineAccountant(engine).compose(event(z)).get_epsilon(delta)
+        accountant = _EngineAccountant(engine)
+        accountant.compose(event(z))
+        return accountant.get_epsilon(delta)
 
     hi = 1.0
     for _ in range(_MAX_DOUBLINGS):

@@ -8,8 +8,9 @@ import functools
 import math
 from collections.abc import Iterable
 
+from testbed.core.privacy.event_types import RECORD_CLASSES, AnyRecordEvent
 from testbed.core.privacy.exact_sum import ExactSum
-from testbed.core.privacy.record_epsilon import RECORD_CLASSES, AnyRecordEvent, check_delta
+from testbed.core.privacy.record_epsilon import check_delta
 from testbed.core.privacy.record_events import LaplaceRecordEvent
 
 _GAUSSIAN_DP_CACHE_SIZE = 65536

@@ -12,20 +12,15 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.rdp import OrderAtEdgeWarning
 from testbed.core.privacy.record_compose import PldEngine, RdpEngine
-from testbed.core.privacy.record_events import RELATIONS, LaplaceRecordEvent, RecordEvent
+from testbed.core.privacy.record_events import RELATIONS
 
 RECORD_ACCOUNTANTS = ("rdp", "pld")
 #: PLD value discretization (nats): 1e-3 is within ~1e-4 relative of 1e-4 at 10x the speed.
 DEFAULT_PLD_DISCRETIZATION = 1e-3
 #: Relative log-grid step z is rounded down to, per accountant (RDP curves are cheap).
 DEFAULT_Z_RESOLUTION = {"rdp": 0.0, "pld": 1e-3}
-#: Any record-level event.
-AnyRecordEvent = RecordEvent | LaplaceRecordEvent | AirCompEvent
-#: The classes of :data:`AnyRecordEvent`, for ``isinstance``.
-RECORD_CLASSES = (RecordEvent, LaplaceRecordEvent, AirCompEvent)
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ def _log_a_integer(q: float, z: float, orders: tuple[float, ...]) -> np.ndarray:
 def _log_erfc(x: np.ndarray) -> np.ndarray:
     from scipy import special
 
-    return math.log(2.0) + special.log_ndtr(-x * math.sqrt(2.0))
+    out: np.ndarray = math.log(2.0) + special.log_ndtr(-x * math.sqrt(2.0))
+    return out
 
 
 def _log_a_fractional(q: float, z: float, alphas: np.ndarray) -> np.ndarray:
@@ -186,7 +187,8 @@ def replace_one_rdp(
     at_2a1 = np.searchsorted(grid, 2.0 * a - 1.0)
     if not (np.array_equal(grid[at_2a], 2.0 * a) and np.array_equal(grid[at_2a1], 2.0 * a - 1)):
         raise ValueError("replace_one_rdp: extended must be extended_orders(orders)")
-    return (a - 0.5) / (a - 1.0) * rdp[at_2a] + rdp[at_2a1]
+    out: np.ndarray = (a - 0.5) / (a - 1.0) * rdp[at_2a] + rdp[at_2a1]
+    return out
 
 
 def restrict(*, orders: tuple[float, ...], extended: tuple[float, ...],

@@ -33,6 +33,10 @@ package itself holds the two errors every part raises.
 
 from __future__ import annotations
 
+#: Fewest devices a roster (``U1``) may list; the control plane checks ``sa_roster``
+#: messages against it too (:mod:`testbed.core.protocol_checks`).
+MIN_DEVICES = 3
+
 
 class SecAggAbortError(RuntimeError):
     """The round cannot complete (too few devices, shares or survivors; unmasking failed)."""

@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 from testbed.core.secagg.codec import UInt64Array
 from testbed.core.secagg.crypto import ShamirShare
 
-#: Fewest devices a roster (``U1``) may list.
-MIN_DEVICES = 3
-
 
 @dataclass(frozen=True)
 class AdvertiseKeys:

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from testbed.core.secagg import ProtocolError, SecAggAbortError
+from testbed.core.secagg import MIN_DEVICES, ProtocolError, SecAggAbortError
 from testbed.core.secagg.codec import FixedPointCodec
 from testbed.core.secagg.crypto import (
     ShamirShare,
@@ -19,7 +19,6 @@ from testbed.core.secagg.crypto import (
     shamir_combine,
 )
 from testbed.core.secagg.messages import (
-    MIN_DEVICES,
     AdvertiseKeys,
     EncryptedShare,
     MaskedInput,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from radio.link_budget import budget_snr_db, sample_noise_power_w
+from radio.units import ratio_to_db
 from radio.virtual_wire import BurstHeader, ChunkHeader, decode_burst
 from testbed.core.config.hardware import HardwareConfig
 from testbed.lab.air.log import AirLog
@@ -154,7 +155,7 @@ class VirtualAir:
         ref = self.hw.tx_power_ref_w
         parts = [f"{s} {pc.gain_db:.1f} dB -> {self.snr_db(ref * pc.gain):.1f} dB Es/N0"
                  for s, pc in self.paths.items()]
-        noise_dbm = 10 * math.log10(self.noise_power_w) + 30
+        noise_dbm = ratio_to_db(self.noise_power_w) + 30
         return (f"air: bursts at {self.air.burst_address}, stream at "
                 f"{self.air.stream_address}, {self.fs:.0f} S/s, t0 {self.t0:.6f}, noise "
                 f"{noise_dbm:.1f} dBm/sample, fading {self.air.fading}; paths (at "

@@ -23,6 +23,7 @@ import numpy as np
 
 from radio.fading import FadingProcess, doppler_hz
 from radio.link_budget import path_gain
+from radio.units import ratio_to_db
 from testbed.core.config.virtual_air import AirPath, VirtualAirSection
 
 #: Taps of the fractional-delay interpolator on either side of the delayed instant.
@@ -155,7 +156,7 @@ class PathChannel:
     @property
     def gain_db(self) -> float:
         """Path gain (dB)."""
-        return 10.0 * math.log10(self.gain) if self.gain > 0 else -math.inf
+        return ratio_to_db(self.gain) if self.gain > 0 else -math.inf
 
     def start_index(self, t_true_s: float) -> float:
         """Fractional air index at which a burst sent at ``t_true_s`` (s) arrives."""
@@ -186,7 +187,7 @@ class PathChannel:
         else:
             h = self.fading.uniform(first / self.fs, y.size, 1.0 / self.fs)
             mean_h2 = float(np.mean(h.real**2 + h.imag**2)) if y.size else 1.0
-            fading_gain_db = 10.0 * math.log10(mean_h2) if mean_h2 > 0 else -math.inf
+            fading_gain_db = ratio_to_db(mean_h2) if mean_h2 > 0 else -math.inf
             y *= h
             y *= self.amplitude
         cfo = self.path.cfo_hz + cfo_extra_hz

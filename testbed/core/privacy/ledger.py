@@ -49,7 +49,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, ClassVar, Protocol
+from typing import IO, Any
 
 from testbed.core.durable import fsync_dir
 from testbed.core.privacy.accountant import PrivacyAccountant
@@ -80,29 +80,13 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "LedgerError",
-    "LedgerEvent",
     "TornLineWarning",
     "intents_path",
     "rebuild_accountant",
-    "register_event_type",
 ]
 
 #: Type tag of the header line (the first line) of a chained ledger.
 HEADER_TYPE = "ledger-header/v2"
-
-
-class LedgerEvent(Protocol):
-    """What the ledger needs of an event: a device, a round and a JSON form."""
-
-    TYPE: ClassVar[str]
-
-    @property
-    def device(self) -> int: ...
-
-    @property
-    def round(self) -> int: ...
-
-    def to_dict(self) -> dict[str, Any]: ...
 
 
 #: Event classes the ledger can hold, by their JSON ``type`` tag (those of
@@ -113,15 +97,6 @@ EVENT_TYPES: dict[str, type[PrivacyEvent]] = by_type_tag(EVENT_CLASSES)
 def intents_path(ledger_path: Path) -> Path:
     """The write-ahead journal next to a ledger: ``<ledger stem>.intents.jsonl``."""
     return ledger_path.with_name(ledger_path.stem + ".intents.jsonl")
-
-
-def register_event_type(cls: type[PrivacyEvent]) -> type[PrivacyEvent]:
-    """Let the ledger read events of ``cls`` (its ``TYPE`` tag must be new). Returns ``cls``."""
-    known = EVENT_TYPES.get(cls.TYPE)
-    if known is not None and known is not cls:
-        raise ValueError(f"ledger: event type {cls.TYPE!r} is already taken by {known.__name__}")
-    EVENT_TYPES[cls.TYPE] = cls
-    return cls
 
 
 def _mismatch(found: dict[str, Any], wanted: dict[str, Any],

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radio.units import db_to_ratio
 from testbed.core.privacy.accountant import upload_coefficient
 from testbed.core.privacy.events import UploadEvent
 from testbed.core.privacy.rdp import gaussian_epsilon
@@ -87,7 +88,7 @@ def epsilon_over_gains(
     if g.ndim != 2 or np.any(g < 0) or not np.all(np.isfinite(g)):
         raise ValueError("epsilon_over_gains: gains must be finite, >= 0, shape (R, K)")
     alpha = power_scaling(scheme=scheme, d=d, clip=clip)
-    n0 = 0.5 * 10.0 ** (-snr_db / 10.0)
+    n0 = 0.5 * db_to_ratio(-snr_db)
     cache: dict[float, float] = {}
 
     def coefficient(h: float) -> float:

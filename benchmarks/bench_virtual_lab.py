@@ -30,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -66,9 +67,10 @@ def _cpu_self() -> float:
 def lab_run(out: Path, rounds: int, allowance: float) -> tuple[list[dict[str, Any]], float]:
     """The virtual lab; returns its metrics lines and the CPU seconds of all its processes."""
     before = _cpu_children()
-    code = launch(CONFIG, DEVICES, out, overrides=[*SETS, f"rounds={rounds}"],
-                  hw_overrides=[], hw_config=HW, round_timeout_s=120, join_timeout_s=180,
-                  train_allowance_s=allowance)
+    with contextlib.redirect_stdout(sys.stderr):  # launch's outcome lines: stdout is --json's
+        code = launch(CONFIG, DEVICES, out, overrides=[*SETS, f"rounds={rounds}"],
+                      hw_overrides=[], hw_config=HW, round_timeout_s=120,
+                      join_timeout_s=180, train_allowance_s=allowance)
     if code != 0:
         raise RuntimeError(f"virtual lab run failed (exit {code}); logs in {out / 'logs'}")
     return read_jsonl(out / "aggregator" / "metrics.jsonl"), _cpu_children() - before
@@ -79,7 +81,8 @@ def in_process_run(out: Path, rounds: int) -> tuple[list[dict[str, Any]], float]
     cfg = load_experiment(CONFIG, [*SETS, f"rounds={rounds}", f"devices={DEVICES}",
                                    f"hw_config={HW}", "link=waveform"])
     before = _cpu_self()
-    summary = run_experiment(cfg, out)
+    with contextlib.redirect_stdout(sys.stderr):
+        summary = run_experiment(cfg, out)
     if summary["status"] != "completed":
         raise RuntimeError(f"in-process run: {summary['status']}: {summary['reason']}")
     return read_jsonl(out / "metrics.jsonl"), _cpu_self() - before

@@ -320,11 +320,19 @@ class RxRing:
         start = time.monotonic()
         while self.total < end:
             now = time.monotonic()
-            if now > start + timeout_s and (now - self.last_progress > 1.0
-                                            or now > start + timeout_s + backlog_s):
+            if now > start + timeout_s and now - self.last_progress > 1.0:
                 raise LinkFailed(
                     f"usrp link: receiver stream stalled at {self.total} samples (waited "
                     f"{now - start:.1f} s for sample {end - 1})"
+                )
+            if now > start + timeout_s + backlog_s:
+                # Samples still arrive, but the chain does not catch up: it delivers slower
+                # than the sample rate (a host too loaded for its radios, real or virtual).
+                raise LinkFailed(
+                    f"usrp link: receiver stream fell behind: still {end - self.total} "
+                    f"samples short of sample {end - 1} after {now - start:.1f} s, though "
+                    f"samples still arrive (the receive chain runs slower than the sample "
+                    f"rate: is the host overloaded?)"
                 )
             time.sleep(0.01)
 

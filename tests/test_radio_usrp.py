@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from radio.framing import WaveformParams
-from radio.link import LinkError
+from radio.link import LinkError, LinkFailed
 from radio.uhd_probe import find_usrps
 from radio.usrp_link import UsrpLink, UsrpSettings, burst_header
 from radio.usrp_stream import RxRing
@@ -65,6 +65,34 @@ def test_rx_ring_keeps_absolute_sample_indices() -> None:
             ring.read(2400, 500, timeout_s=0.3)
         assert time.monotonic() - t0 < 3
     finally:
+        ring.close()
+        push.close(0)
+
+
+def test_rx_ring_says_when_the_stream_falls_behind_rather_than_stalls() -> None:
+    """Samples that keep arriving, but slower than needed, are a chain running behind the
+    sample rate (an overloaded host), not a stall: the error says which."""
+    import threading
+
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    ring = RxRing(f"tcp://127.0.0.1:{port}", capacity=100_000)
+    done = threading.Event()
+
+    def trickle() -> None:  # 100 samples every 50 ms: progress, never enough
+        while not done.wait(0.05):
+            push.send(np.zeros(100, dtype=np.complex64).tobytes())
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    feeder.start()
+    try:
+        with pytest.raises(LinkFailed, match="fell behind.*samples still arrive"):
+            ring.wait_for(50_000, timeout_s=0.2, backlog_s=1.0)
+    finally:
+        done.set()
+        feeder.join()
         ring.close()
         push.close(0)
 

@@ -22,6 +22,10 @@ UHD behaving, and talk only to the virtual air, over ZeroMQ (:mod:`radio.virtual
 Nothing here imports UHD; nothing leaves the host except the ZMQ sockets to the air, opened
 when the flowgraph starts (building one, ``--build-only``, opens none). Imported only by
 flowgraphs under ``/usr/bin/python3``.
+
+One job at over 600 lines: the virtual device, both of its directions. The sink and the
+source share the device clock (offset, drift), the wire to the air and gr-uhd's message
+shapes; the flowgraphs import them by bare name from this one file.
 """
 
 from __future__ import annotations

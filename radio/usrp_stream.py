@@ -12,6 +12,10 @@ that overlaps a gap in the stream is :class:`~radio.link.ReceiverGap`. The ``usr
 
 Start-up failures are :class:`~radio.flowgraph_process.FlowgraphError`; the callers say
 which link or device they concern.
+
+One job at over 600 lines: the flowgraph processes as streams of samples with USRP times.
+The transmit stream, the receive ring and the sample-to-time map share the burst format and
+the anchor arithmetic that places a window; split, each half would reach into the other.
 """
 
 from __future__ import annotations

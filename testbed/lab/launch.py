@@ -23,6 +23,9 @@ starts the virtual air (``testbed air``, on two free loopback ports written into
 its burst log in ``DIR/air``); each edge then opens its own ``tx`` flowgraph on its virtual
 USRP and the aggregator its ``rx`` flowgraph: the processes of docs/lab.md, with only the
 device args changed.
+
+One job at over 600 lines: the processes of one launched run, started, supervised (fail
+fast) and resumed; the three share the layout, the command lines and the clean-up.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ from testbed.core.config.loader import load_experiment
 from testbed.core.curve_keys import generate_keys
 from testbed.core.protocol import Message, ProtocolError, decode, encode
 from testbed.core.scheme_api import federation_mean
+from testbed.core.secagg.aggregation import round_codec
 from testbed.core.secagg.device import SecAggDevice
 from testbed.core.secagg.server import SecAggServer
-from testbed.core.secagg_wire import (
+from testbed.core.secagg.wire import (
     inbox_fields,
     inbox_from,
     keys_fields,
@@ -35,7 +36,6 @@ from testbed.core.secagg_wire import (
     shares_fields,
     shares_from,
 )
-from testbed.core.secure_aggregation import round_codec
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,

@@ -11,7 +11,7 @@ import pytest
 
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment
-from testbed.core.secure_aggregation import secure_sum
+from testbed.core.secagg.aggregation import secure_sum
 from testbed.runner import run_experiment
 
 BASE = ["privacy.noise=per-step", "rounds=4", "train_samples=6000", "eval_samples=200",

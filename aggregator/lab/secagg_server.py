@@ -5,7 +5,7 @@ it relays the devices' messages and learns only the sum of the included updates.
 runs its own :class:`~testbed.core.secagg.device.SecAggDevice`
 (:mod:`edge_device.lab.secagg_client`) and never sends its key material or its unmasked
 update. Everything travels on the authenticated control plane (masked integers cannot cross
-an analog channel); the message fields are :mod:`testbed.core.secagg_wire`'s.
+an analog channel); the message fields are :mod:`testbed.core.secagg.wire`'s.
 
 Phases (each closes when every device still expected answered, or at its deadline):
 
@@ -47,8 +47,9 @@ from testbed.core.interrupts import StopSignals
 from testbed.core.protocol import Message, ProtocolError
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
 from testbed.core.secagg import SecAggAbortError
+from testbed.core.secagg.aggregation import CARRIER, round_codec
 from testbed.core.secagg.server import SecAggServer
-from testbed.core.secagg_wire import (
+from testbed.core.secagg.wire import (
     inbox_fields,
     keys_from,
     masked_from,
@@ -57,7 +58,6 @@ from testbed.core.secagg_wire import (
     roster_fields,
     shares_from,
 )
-from testbed.core.secure_aggregation import CARRIER, round_codec
 from testbed.core.upload_events import PrivacyEvent
 
 

@@ -3,7 +3,7 @@
 One :class:`~testbed.core.secagg.SecAggDevice` per round, with fresh X25519 keys, Shamir
 coefficients and self-mask seed from the OS CSPRNG. Its private keys, seed and the unmasked
 update never leave this process; what goes to the aggregator is the state machine's messages
-(:mod:`testbed.core.secagg_wire`). The state machine refuses what an honest device refuses
+(:mod:`testbed.core.secagg.wire`). The state machine refuses what an honest device refuses
 (a second unmasking request, a request that would reveal both secrets of one device).
 
 The edge agent's secure-aggregation phases (:mod:`edge_device.lab.secagg_phases`) drive it:
@@ -23,8 +23,9 @@ from cryptography.exceptions import InvalidTag
 from testbed.core.protocol import Message, ProtocolError
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
 from testbed.core.secagg import SecAggAbortError
+from testbed.core.secagg.aggregation import round_codec
 from testbed.core.secagg.device import SecAggDevice
-from testbed.core.secagg_wire import (
+from testbed.core.secagg.wire import (
     inbox_from,
     keys_fields,
     masked_payload,
@@ -33,7 +34,6 @@ from testbed.core.secagg_wire import (
     roster_from,
     shares_fields,
 )
-from testbed.core.secure_aggregation import round_codec
 
 #: What a step of the session raises when the device will not go on (it refuses the round).
 SESSION_ERRORS = (SecAggProtocolError, SecAggAbortError, ProtocolError, InvalidTag, ValueError)

@@ -27,8 +27,10 @@ The parts, one module each: :mod:`~testbed.core.secagg.codec` (fixed point mod `
 :mod:`~testbed.core.secagg.crypto` (key derivation, mask expansion, Shamir secret sharing),
 :mod:`~testbed.core.secagg.messages` (what the parties send),
 :mod:`~testbed.core.secagg.device` and :mod:`~testbed.core.secagg.server` (the two state
-machines) and :mod:`~testbed.core.secagg.local_round` (a whole round in one process). The
-package itself holds the two errors every part raises.
+machines), :mod:`~testbed.core.secagg.local_round` (a whole round in one process),
+:mod:`~testbed.core.secagg.aggregation` (a run's updates through it: the round's codec and
+its carrier) and :mod:`~testbed.core.secagg.wire` (its messages as the control plane's
+``sa_*`` fields). The package itself holds the two errors every part raises.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import numpy as np
 
 from radio.analog import symbols_to_reals
 from radio.link import Reception
-from testbed.core.protocol import UploadHeader
+from testbed.core.transport.protocol import UploadHeader
 
 #: ``mask_for(header) -> indices`` of the transmitted coordinates (sparsified uploads).
 MaskFn = Callable[[UploadHeader], np.ndarray]

@@ -31,8 +31,8 @@ import numpy as np
 
 from radio.link import Link, LinkError, Reception
 from testbed.core.interrupts import StopSignals
-from testbed.core.protocol import UploadHeader
 from testbed.core.stage_timer import StageTimer
+from testbed.core.transport.protocol import UploadHeader
 from testbed.core.upload_events import PrivacyEvent
 
 #: Journals the intent of one device's upload (before it may go on air) under the nonce

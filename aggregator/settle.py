@@ -37,8 +37,8 @@ from radio.link import Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed.core.faults import fault_point, log_air
 from testbed.core.masks import sparsify_mask
-from testbed.core.protocol import UploadHeader
 from testbed.core.stage_timer import StageTimer
+from testbed.core.transport.protocol import UploadHeader
 from testbed.core.upload_events import PrivacyEvent
 
 #: Per-frame measurements of a slot receiver kept in the metrics line.

@@ -16,7 +16,7 @@ from edge_device.compression import Compressor
 from radio.analog import reals_to_symbols
 from testbed.core import noise
 from testbed.core.compression_bounds import fixed_quantizer_scale
-from testbed.core.protocol import UploadHeader
+from testbed.core.transport.protocol import UploadHeader
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def free_port() -> int:
 def new_lab(tmp_path: Path, devices: int) -> tuple[Path, str, Procs]:
     """Keys for ``devices`` edges in ``tmp_path/keys``, a free loopback endpoint, and the
     test's process list (logs in ``tmp_path/logs``)."""
-    from testbed.core.curve_keys import generate_keys
+    from testbed.core.transport.curve_keys import generate_keys
 
     keys = tmp_path / "keys"
     generate_keys(keys, devices)
@@ -68,7 +68,7 @@ def edge_cmd(keys: Path, endpoint: str, state_root: Path, i: int, *extra: str) -
 def intruder_keys(tmp_path: Path, keys: Path) -> Path:
     """A key folder for device 0 with a key pair the aggregator of ``keys`` does not list
     (it trusts the aggregator's public key): ``tmp_path/intruder``."""
-    from testbed.core.curve_keys import generate_keys
+    from testbed.core.transport.curve_keys import generate_keys
 
     other = tmp_path / "other"
     generate_keys(other, 1)

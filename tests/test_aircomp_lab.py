@@ -110,8 +110,8 @@ def test_aircomp_on_radios_needs_a_shared_reference(tmp_path: Path) -> None:
 
 
 def test_the_rounds_aircomp_part_and_the_pilot_are_checked_on_the_wire() -> None:
-    from testbed.core.protocol import decode, encode
-    from testbed.core.protocol_schema import ProtocolError
+    from testbed.core.transport.protocol import decode, encode
+    from testbed.core.transport.protocol_schema import ProtocolError
 
     plan = {"device": 1, "round": 2, "nonce": "x", "d": 4, "channel": None, "slot": 0,
             "deadline_s": 5.0, "mechanism": None, "tx_time_s": 10.0, "await_slot": False}

@@ -20,10 +20,10 @@ from testbed import api
 from testbed.cli.main import main
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment
-from testbed.core.curve_client import KeyRefusedError
-from testbed.core.curve_keys import generate_keys
 from testbed.core.radio_fallback import check_fallback_applies
 from testbed.core.schemes import kept_coordinates
+from testbed.core.transport.curve_client import KeyRefusedError
+from testbed.core.transport.curve_keys import generate_keys
 from testbed.lab.launch import launch
 
 # --- --fallback emulate off the usrp link --------------------------------------------------

@@ -9,7 +9,7 @@ from aggregator.decoder import decode_differential, project_coordinates
 from radio.analog import reals_to_symbols
 from radio.link import ChannelState, Reception
 from testbed.core.masks import sparsify_mask
-from testbed.core.protocol import UploadHeader
+from testbed.core.transport.protocol import UploadHeader
 
 
 def test_inversion_undoes_gain_and_alpha_and_places_values() -> None:

@@ -110,7 +110,7 @@ def test_every_import_keeps_the_rules() -> None:
         ("aggregator/decoder.py", "from edge_device.uplink import UplinkEncoder", "edge_device"),
         ("edge_device/trainer.py", "from aggregator.aggregate import average", "aggregator"),
         ("edge_device/trainer.py", "from testbed.runner import run_experiment", "testbed"),
-        ("radio/link.py", "from testbed.core.protocol import UploadHeader", "core"),
+        ("radio/link.py", "from testbed.core.transport.protocol import UploadHeader", "core"),
         ("testbed/core/rundir.py", "    from testbed.api import run", "testbed"),
     ],
 )

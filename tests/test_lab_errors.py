@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core.curve_keys import generate_keys
-from testbed.core.endpoints import check_endpoint
+from testbed.core.transport.curve_keys import generate_keys
+from testbed.core.transport.endpoints import check_endpoint
 from tests.lab_helpers import (
     PLAIN_SETS,
     ROOT,

@@ -14,10 +14,10 @@ import numpy as np
 import zmq
 
 from testbed.core.config.loader import dump_yaml, load_experiment
-from testbed.core.curve_client import CurveClient
-from testbed.core.curve_keys import generate_keys
-from testbed.core.curve_server import CurveServer
-from testbed.core.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, decode, encode
+from testbed.core.transport.curve_client import CurveClient
+from testbed.core.transport.curve_keys import generate_keys
+from testbed.core.transport.curve_server import CurveServer
+from testbed.core.transport.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, decode, encode
 from tests.lab_helpers import (
     PLAIN_SETS,
     ROOT,

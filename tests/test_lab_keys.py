@@ -19,8 +19,8 @@ import zmq
 import zmq.auth
 
 from testbed.cli import cmd_keys
-from testbed.core.curve_client import CurveClient, KeyRefusedError
-from testbed.core.curve_keys import (
+from testbed.core.transport.curve_client import CurveClient, KeyRefusedError
+from testbed.core.transport.curve_keys import (
     KeyFileError,
     KeyFileMissingError,
     KeySet,
@@ -31,7 +31,7 @@ from testbed.core.curve_keys import (
     load_device_keys,
     read_certificate,
 )
-from testbed.core.curve_server import CurveServer
+from testbed.core.transport.curve_server import CurveServer
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -13,9 +13,9 @@ import numpy as np
 from edge_device.lab.agent import EdgeAgent
 from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
 from testbed.core.models import n_params
-from testbed.core.protocol import Message, decode, encode
 from testbed.core.record_schemes import resolve_record_uplinks
 from testbed.core.run_setup import initial_model, prepare_data
+from testbed.core.transport.protocol import Message, decode, encode
 from testbed.lab.launch import launch
 from tests.lab_helpers import (
     RECORD_CONFIG,

@@ -14,8 +14,6 @@ import pytest
 
 from aggregator.aggregate import global_update
 from testbed.core.config.loader import load_experiment
-from testbed.core.curve_keys import generate_keys
-from testbed.core.protocol import Message, ProtocolError, decode, encode
 from testbed.core.scheme_api import federation_mean
 from testbed.core.secagg.aggregation import round_codec
 from testbed.core.secagg.device import SecAggDevice
@@ -36,6 +34,8 @@ from testbed.core.secagg.wire import (
     shares_fields,
     shares_from,
 )
+from testbed.core.transport.curve_keys import generate_keys
+from testbed.core.transport.protocol import Message, ProtocolError, decode, encode
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,

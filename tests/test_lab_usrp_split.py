@@ -45,10 +45,13 @@ from radio.time_sync import OffsetEstimate
 from radio.usrp_stream import RxStream, TxStream
 from testbed.core.config.hardware import HardwareConfig, device_radio, receiver_radio
 from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
-from testbed.core.curve_keys import generate_keys
 from testbed.core.links import waveform_params
 from testbed.core.privacy.ledger import intents_path
-from testbed.core.protocol import (
+from testbed.core.run_metadata import write_metadata
+from testbed.core.rundir import RunDir
+from testbed.core.stage_timer import StageTimer
+from testbed.core.transport.curve_keys import generate_keys
+from testbed.core.transport.protocol import (
     PROTOCOL_VERSION,
     Message,
     ProtocolError,
@@ -56,9 +59,6 @@ from testbed.core.protocol import (
     decode,
     encode,
 )
-from testbed.core.run_metadata import write_metadata
-from testbed.core.rundir import RunDir
-from testbed.core.stage_timer import StageTimer
 from tests.lab_helpers import (
     RECORD_CONFIG,
     RECORD_SETS,

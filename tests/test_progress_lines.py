@@ -16,7 +16,7 @@ import pytest
 from aggregator.lab.control_plane import ControlPlane
 from aggregator.run_rounds import format_duration, progress_line
 from testbed.cli.main import main
-from testbed.core.protocol import encode
+from testbed.core.transport.protocol import encode
 from testbed.lab.launch import LogRelay, outcome_note
 from testbed.sweep.progress import CellCount, cell_end_line, cell_start_line
 

@@ -49,7 +49,7 @@ def test_bad_virtual_settings_name_the_key(override: str, message: str) -> None:
 @pytest.mark.parametrize("port", ["99999", "0"])
 def test_air_address_with_a_port_out_of_range_is_refused(key: str, port: str) -> None:
     """Both addresses go through the one endpoint check of --bind/--connect
-    (:func:`testbed.core.endpoints.endpoint_problem`): a port outside 1..65535 is refused
+    (:func:`testbed.core.transport.endpoints.endpoint_problem`): a port outside 1..65535 is refused
     (it used to load, and libzmq bound some other port or none)."""
     address = f"tcp://127.0.0.1:{port}"
     with pytest.raises(ConfigError) as err:

@@ -58,8 +58,8 @@ from radio.link import Link, LinkError
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.links import waveform_params
-from testbed.core.protocol import Message
 from testbed.core.stage_timer import StageTimer
+from testbed.core.transport.protocol import Message
 
 if TYPE_CHECKING:
     from aggregator.lab.remote_devices import RemoteDevices

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.core.curve_server import CurveServer
 from testbed.core.interrupts import StopSignals
-from testbed.core.protocol import Message, ProtocolError, decode, encode
+from testbed.core.transport.curve_server import CurveServer
+from testbed.core.transport.protocol import Message, ProtocolError, decode, encode
 
 log = logging.getLogger("testbed.aggregator")
 

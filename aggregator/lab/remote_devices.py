@@ -58,8 +58,8 @@ from radio.link import Link, LinkError, Reception
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.links import make_link
-from testbed.core.protocol import Message, UploadHeader
 from testbed.core.stage_timer import StageTimer
+from testbed.core.transport.protocol import Message, UploadHeader
 from testbed.core.upload_events import PrivacyEvent, event_channel
 
 log = logging.getLogger("testbed.aggregator")

@@ -31,8 +31,8 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.interrupts import StopSignals
 from testbed.core.lab_checks import check_lab_run, mark_lab_run
-from testbed.core.protocol import ProtocolError, decode, encode
 from testbed.core.rundir import RunDir, atomic_write_bytes
+from testbed.core.transport.protocol import ProtocolError, decode, encode
 
 log = logging.getLogger("testbed.aggregator")
 

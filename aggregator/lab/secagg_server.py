@@ -44,7 +44,6 @@ from aggregator.lab.control_plane import ControlPlane
 from aggregator.state import RunState
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
-from testbed.core.protocol import Message, ProtocolError
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
 from testbed.core.secagg import SecAggAbortError
 from testbed.core.secagg.aggregation import CARRIER, round_codec
@@ -58,6 +57,7 @@ from testbed.core.secagg.wire import (
     roster_fields,
     shares_from,
 )
+from testbed.core.transport.protocol import Message, ProtocolError
 from testbed.core.upload_events import PrivacyEvent
 
 

@@ -26,13 +26,13 @@ from aggregator.run_rounds import run_rounds
 from aggregator.state import RunState
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.curve_server import CurveServer
 from testbed.core.interrupts import StopSignals
 from testbed.core.private_air import PrivateAir
-from testbed.core.protocol import MAX_MESSAGE_BYTES
 from testbed.core.radio_fallback import radio_kind
 from testbed.core.run_setup import prepare_test_data
 from testbed.core.rundir import RunDir
+from testbed.core.transport.curve_server import CurveServer
+from testbed.core.transport.protocol import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("testbed.aggregator")
 

@@ -36,8 +36,8 @@ from radio.tdma import Slot, schedule_window
 from testbed.core.faults import fault_point
 from testbed.core.interrupts import StopSignals
 from testbed.core.links import waveform_params
-from testbed.core.protocol import Message
 from testbed.core.stage_timer import StageTimer
+from testbed.core.transport.protocol import Message
 
 log = logging.getLogger("testbed.aggregator")
 

@@ -5,7 +5,8 @@ noise (OS CSPRNG), encodes and transmits; and it keeps its own privacy ledger un
 state directory and refuses to transmit past its own target (``--max-epsilon``), whatever
 the aggregator asks.
 
-Message flow (:mod:`testbed.core.protocol`): ``hello`` -> ``welcome`` (config, mask secret) ->
+Message flow (:mod:`testbed.core.transport.protocol`): ``hello`` -> ``welcome`` (config, mask
+secret) ->
 ``ready`` (shard size, nonces it holds) -> ``sync`` (the aggregator's record of its uploads;
 the edge adopts what it lacks) -> per round ``round`` -> ``upload`` or ``refuse`` -> ``ack``
 (the credited channel fields it records) ... ``leave``. With no message for
@@ -70,11 +71,11 @@ from edge_device.lab.secagg_phases import SECAGG_MESSAGES, on_secagg
 from edge_device.lab.transmit import AirFactory, open_air, open_transmitter
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.curve_client import CurveClient
 from testbed.core.data.coded import take_rows
 from testbed.core.privacy_book import PrivacyBook
-from testbed.core.protocol import Message, ProtocolError, decode
 from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
+from testbed.core.transport.curve_client import CurveClient
+from testbed.core.transport.protocol import Message, ProtocolError, decode
 
 if TYPE_CHECKING:
     from radio.edge_radio import EdgeTransmitter
@@ -379,8 +380,8 @@ class EdgeAgent:
         """
         import zmq
 
-        from testbed.core.curve_keys import aggregator_public_key, load_device_keys
-        from testbed.core.protocol import MAX_MESSAGE_BYTES
+        from testbed.core.transport.curve_keys import aggregator_public_key, load_device_keys
+        from testbed.core.transport.protocol import MAX_MESSAGE_BYTES
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:

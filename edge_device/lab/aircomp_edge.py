@@ -26,7 +26,7 @@ from radio.link import LinkError, LinkFailed
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
-    from testbed.core.protocol import Message
+    from testbed.core.transport.protocol import Message
 
 log = logging.getLogger("testbed.edge")
 

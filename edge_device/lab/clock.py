@@ -16,12 +16,12 @@ import time
 from typing import TYPE_CHECKING
 
 from edge_device.lab.replies import send
-from testbed.core.protocol import ProtocolError, decode
+from testbed.core.transport.protocol import ProtocolError, decode
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
     from radio.time_sync import OffsetEstimate
-    from testbed.core.curve_client import CurveClient
+    from testbed.core.transport.curve_client import CurveClient
 
 log = logging.getLogger("testbed.edge")
 

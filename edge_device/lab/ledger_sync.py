@@ -16,7 +16,7 @@ from testbed.core.upload_events import channel_fields, channel_keys, upload_even
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
-    from testbed.core.protocol import Message
+    from testbed.core.transport.protocol import Message
 
 log = logging.getLogger("testbed.edge")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from testbed.core.protocol import encode
+from testbed.core.transport.protocol import encode
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
-    from testbed.core.curve_client import CurveClient
+    from testbed.core.transport.curve_client import CurveClient
 
 
 def send(agent: AgentView, client: CurveClient, msg_type: str, fields: dict[str, Any],
@@ -29,7 +29,7 @@ def send(agent: AgentView, client: CurveClient, msg_type: str, fields: dict[str,
     client
         The control-plane connection to the aggregator.
     msg_type, fields, payload
-        The message (:func:`testbed.core.protocol.encode`).
+        The message (:func:`testbed.core.transport.protocol.encode`).
     timeout_s
         Seconds to wait for room in the send queue.
     """

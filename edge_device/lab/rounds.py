@@ -35,8 +35,8 @@ from testbed.core.stage_timer import StageTimer
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
-    from testbed.core.curve_client import CurveClient
-    from testbed.core.protocol import Message
+    from testbed.core.transport.curve_client import CurveClient
+    from testbed.core.transport.protocol import Message
 
 log = logging.getLogger("testbed.edge")
 

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 from cryptography.exceptions import InvalidTag
 
-from testbed.core.protocol import Message, ProtocolError
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
 from testbed.core.secagg import SecAggAbortError
 from testbed.core.secagg.aggregation import round_codec
@@ -34,6 +33,7 @@ from testbed.core.secagg.wire import (
     roster_from,
     shares_fields,
 )
+from testbed.core.transport.protocol import Message, ProtocolError
 
 #: What a step of the session raises when the device will not go on (it refuses the round).
 SESSION_ERRORS = (SecAggProtocolError, SecAggAbortError, ProtocolError, InvalidTag, ValueError)

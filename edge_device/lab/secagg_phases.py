@@ -24,8 +24,8 @@ from testbed.core.faults import fault_point
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
     from edge_device.lab.secagg_client import Session
-    from testbed.core.curve_client import CurveClient
-    from testbed.core.protocol import Message
+    from testbed.core.transport.curve_client import CurveClient
+    from testbed.core.transport.protocol import Message
 
 log = logging.getLogger("testbed.edge")
 

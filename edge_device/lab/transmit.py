@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
     from radio.edge_radio import EdgeTransmitter
     from testbed.core.config.hardware import HardwareConfig
-    from testbed.core.curve_client import CurveClient
+    from testbed.core.transport.curve_client import CurveClient
 
 log = logging.getLogger("testbed.edge")
 

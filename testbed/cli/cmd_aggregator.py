@@ -109,8 +109,6 @@ def _run(args: argparse.Namespace) -> int:
     from aggregator.lab.server import serve
     from aggregator.outcome import outcome_line
     from testbed.core.config.link import link_name
-    from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
-    from testbed.core.endpoints import check_endpoint
     from testbed.core.radio_fallback import (
         FallbackRefused,
         check_fallback_applies,
@@ -119,6 +117,8 @@ def _run(args: argparse.Namespace) -> int:
         resolve_radios,
     )
     from testbed.core.rundir import RunDirError, default_run_path, dumps
+    from testbed.core.transport.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.core.transport.endpoints import check_endpoint
 
     setup_logging()
     # a bar when stderr is a terminal, else plain lines (aggregator.run_rounds)

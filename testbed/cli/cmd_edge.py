@@ -113,12 +113,12 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
-    from testbed.core.curve_client import KeyRefusedError
-    from testbed.core.curve_keys import KeyFileError, KeyFileMissingError
-    from testbed.core.endpoints import check_endpoint
     from testbed.core.faults import host_clock
     from testbed.core.lab_checks import check_state_dir
     from testbed.core.radio_fallback import check_fallback_applies
+    from testbed.core.transport.curve_client import KeyRefusedError
+    from testbed.core.transport.curve_keys import KeyFileError, KeyFileMissingError
+    from testbed.core.transport.endpoints import check_endpoint
 
     setup_logging()
     hw = None
@@ -167,9 +167,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def refused_key_message(exc: Exception, keys_dir: Path, device: int) -> str:
     """One line for an edge whose key the aggregator refused: what happened (``exc``,
-    :class:`~testbed.core.curve_client.KeyRefusedError`), this device's public key file
+    :class:`~testbed.core.transport.curve_client.KeyRefusedError`), this device's public key file
     and the allow-list directory that must hold it."""
-    from testbed.core.curve_keys import ALLOWED_DIRNAME, PUBLIC_SUFFIX, device_name
+    from testbed.core.transport.curve_keys import ALLOWED_DIRNAME, PUBLIC_SUFFIX, device_name
 
     key_file = Path(keys_dir) / f"{device_name(device)}{PUBLIC_SUFFIX}"
     return (f"{exc}; copy this device's public key file {key_file} into the aggregator's "

@@ -1,7 +1,7 @@
 """``testbed keys``: create the CurveZMQ keys of the lab control plane.
 
 Writes the aggregator's key pair, one key pair per device and the allow-list
-(:func:`testbed.core.curve_keys.generate_keys`), then says which files go to which host.
+(:func:`testbed.core.transport.curve_keys.generate_keys`), then says which files go to which host.
 Never overwrites keys. Exit code: 0 written, 2 bad input (existing keys, bad N, a
 directory that cannot be written).
 """
@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from testbed.cli.overrides import PathOption
-from testbed.core.curve_keys import MAX_DEVICES, KeySet, generate_keys
+from testbed.core.transport.curve_keys import MAX_DEVICES, KeySet, generate_keys
 
 
 def register(sub: Any) -> None:

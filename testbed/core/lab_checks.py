@@ -1,7 +1,7 @@
 """Checks a lab process makes before it binds, connects or waits: each refuses bad input
 with one line that says what is wrong and what to do.
 
-* ``--bind`` / ``--connect`` endpoints: :func:`testbed.core.endpoints.check_endpoint` (the
+* ``--bind`` / ``--connect`` endpoints: :func:`testbed.core.transport.endpoints.check_endpoint` (the
   one check of zmq endpoints, shared with the virtual air's addresses).
 * :func:`check_allow_list`: a run of more devices than the allow-list holds keys for (those
   devices could never join).
@@ -45,7 +45,7 @@ def check_allow_list(keys_dir: Path, devices: int) -> None:
     KeyFileMissingError, KeyFileError
         The allow-list is missing or malformed (:func:`load_allow_list`).
     """
-    from testbed.core.curve_keys import load_allow_list
+    from testbed.core.transport.curve_keys import load_allow_list
 
     allowed_dir = Path(keys_dir) / "allowed"
     listed = set(load_allow_list(allowed_dir).values())

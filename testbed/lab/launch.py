@@ -413,8 +413,8 @@ def launch(
         ``out_dir`` exists and is not empty.
     """
     from testbed.core.config.loader import load_experiment
-    from testbed.core.curve_keys import generate_keys
     from testbed.core.lab_checks import LAUNCH_KEYS, LAUNCH_RUN
+    from testbed.core.transport.curve_keys import generate_keys
 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"--out '{out_dir}' exists and is not empty; choose another")

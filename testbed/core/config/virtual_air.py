@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from testbed.core.config.sections import StrictModel
-from testbed.core.endpoints import endpoint_problem
+from testbed.core.transport.endpoints import endpoint_problem
 
 _SERIAL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

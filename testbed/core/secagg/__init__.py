@@ -36,7 +36,7 @@ its carrier) and :mod:`~testbed.core.secagg.wire` (its messages as the control p
 from __future__ import annotations
 
 #: Fewest devices a roster (``U1``) may list; the control plane checks ``sa_roster``
-#: messages against it too (:mod:`testbed.core.protocol_checks`).
+#: messages against it too (:mod:`testbed.core.transport.protocol_checks`).
 MIN_DEVICES = 3
 
 

@@ -1,11 +1,11 @@
 """002's secure-aggregation messages on the control plane: the message objects of
 :mod:`testbed.core.secagg` to and from the fields of the ``sa_*`` messages of
-:mod:`testbed.core.protocol`.
+:mod:`testbed.core.transport.protocol`.
 
-:mod:`testbed.core.protocol` checks sizes and shapes; the ``*_from`` functions here check what a
-field means for this round (the sender is the owner, Shamir points and ordinates in range)
-and raise :class:`testbed.core.protocol.ProtocolError` otherwise, so a bad message is dropped like
-any other junk. Bytes travel as lower-case hex, the masked update as the payload (``d``
+:mod:`testbed.core.transport.protocol` checks sizes and shapes; the ``*_from`` functions here check
+what a field means for this round (the sender is the owner, Shamir points and ordinates in range)
+and raise :class:`testbed.core.transport.protocol.ProtocolError` otherwise, so a bad message is
+dropped like any other junk. Bytes travel as lower-case hex, the masked update as the payload (``d``
 little-endian uint64 residues).
 """
 
@@ -16,8 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.protocol import Message, ProtocolError
-from testbed.core.protocol_schema import SECAGG_ORDINATE_HEX
 from testbed.core.secagg.crypto import SHAMIR_PRIME, ShamirShare
 from testbed.core.secagg.messages import (
     AdvertiseKeys,
@@ -28,6 +26,8 @@ from testbed.core.secagg.messages import (
     UnmaskingReply,
     UnmaskingRequest,
 )
+from testbed.core.transport.protocol import Message, ProtocolError
+from testbed.core.transport.protocol_schema import SECAGG_ORDINATE_HEX
 
 
 def keys_fields(msg: AdvertiseKeys) -> dict[str, Any]:

@@ -1,14 +1,15 @@
-"""Checks of a control-plane message's field values (:mod:`testbed.core.protocol`): kinds,
+"""Checks of a control-plane message's field values (:mod:`testbed.core.transport.protocol`): kinds,
 ranges, the payload length a header announces, the ``tx_report`` of an on-air upload and the
 sizes and shapes of the secure-aggregation (``sa_*``) messages. Each raises
-:class:`~testbed.core.protocol_schema.ProtocolError`."""
+:class:`~testbed.core.transport.protocol_schema.ProtocolError`."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from testbed.core.protocol_schema import (
+from testbed.core.secagg import MIN_DEVICES
+from testbed.core.transport.protocol_schema import (
     AIRCOMP_ROUND_KEYS,
     BOOL,
     DICT,
@@ -34,11 +35,11 @@ from testbed.core.protocol_schema import (
     TX_REPORT_KEYS,
     ProtocolError,
 )
-from testbed.core.secagg import MIN_DEVICES
 
 
 def kind_ok(value: Any, kind: str) -> bool:
-    """Whether ``value`` is of the schema ``kind`` (:data:`~testbed.core.protocol_schema.INT`,
+    """Whether ``value`` is of the schema ``kind``
+    (:data:`~testbed.core.transport.protocol_schema.INT`,
     ``FLOAT`` (finite), ``STR`` (at most ``MAX_STR`` long), ``BOOL``, ``DICT``, ``LIST`` (at
     most ``MAX_LIST`` items); with the suffix ``OPT`` also ``None``)."""
     if kind.endswith(OPT):

@@ -1,6 +1,6 @@
 """The aggregator's end of the lab control plane: :class:`CurveServer`, a CurveZMQ ROUTER
 that admits only allow-listed devices (through a ZAP handler) and names each message's
-sender. How admission works and how it fails: :mod:`testbed.core.secure_socket`."""
+sender. How admission works and how it fails: :mod:`testbed.core.transport.secure_socket`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import zmq
 from zmq.auth.base import Authenticator
 from zmq.auth.thread import ThreadAuthenticator
 
-from testbed.core.curve_keys import ALLOWED_DIRNAME, load_aggregator_keys, load_allow_list
-from testbed.core.secure_socket import (
+from testbed.core.transport.curve_keys import ALLOWED_DIRNAME, load_aggregator_keys, load_allow_list
+from testbed.core.transport.secure_socket import (
     CURVE_FRAME_OVERHEAD_BYTES,
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,

@@ -1,9 +1,10 @@
 """Encrypted, authenticated ZeroMQ sockets of the lab control plane (CurveZMQ + ZAP).
 
-The aggregator runs a :class:`~testbed.core.curve_server.CurveServer` (a ROUTER), each edge
-device a :class:`~testbed.core.curve_client.CurveClient` (a DEALER). Every connection is
+The aggregator runs a :class:`~testbed.core.transport.curve_server.CurveServer` (a ROUTER), each
+edge
+device a :class:`~testbed.core.transport.curve_client.CurveClient` (a DEALER). Every connection is
 encrypted with CurveZMQ; the server admits only clients whose public key is in the allow-list
-directory (:func:`testbed.core.curve_keys.load_allow_list`), checked by a ZAP handler
+directory (:func:`testbed.core.transport.curve_keys.load_allow_list`), checked by a ZAP handler
 (:class:`zmq.auth.thread.ThreadAuthenticator`). IP addresses are not restricted: the lab
 runs across hosts, and the key is the identity.
 
@@ -18,8 +19,8 @@ Failure modes, by design:
 * A client whose key is not on the allow-list never completes the handshake (ZAP answers
   400); none of its messages reaches the ROUTER. The server tells it so (CurveZMQ ERROR),
   libzmq stops retrying, and :meth:`CurveClient.recv
-  <testbed.core.curve_client.CurveClient.recv>` raises
-  :class:`~testbed.core.curve_client.KeyRefusedError` (seen on a socket monitor).
+  <testbed.core.transport.curve_client.CurveClient.recv>` raises
+  :class:`~testbed.core.transport.curve_client.KeyRefusedError` (seen on a socket monitor).
 * A client holding a wrong server key fails the handshake the same way.
 * A frame longer than ``max_message_bytes`` makes libzmq drop the *connection* (the
   client reconnects; the frame and any sent with it are lost).
@@ -32,8 +33,8 @@ ZeroMQ sockets are not thread-safe: use each object from one thread. A ZAP handl
 bound per :class:`zmq.Context`, so one context holds at most one :class:`CurveServer`.
 
 This module holds what both ends share: the frame and queue limits and the checks of their
-arguments; the sockets are in :mod:`testbed.core.curve_server` and
-:mod:`testbed.core.curve_client`.
+arguments; the sockets are in :mod:`testbed.core.transport.curve_server` and
+:mod:`testbed.core.transport.curve_client`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import math
 
 import zmq
 
-from testbed.core.curve_keys import Z85_KEY_CHARS
+from testbed.core.transport.curve_keys import Z85_KEY_CHARS
 
 #: Default largest frame, bytes of plaintext (each frame of a multipart message).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
@@ -94,7 +95,8 @@ def check_hwm(value: int) -> int:
 
 
 def check_z85_key(key: bytes, what: str) -> bytes:
-    """``key`` if it is a z85-encoded CURVE key (:data:`~testbed.core.curve_keys.Z85_KEY_CHARS`
+    """``key`` if it is a z85-encoded CURVE key
+    (:data:`~testbed.core.transport.curve_keys.Z85_KEY_CHARS`
     bytes), else ``ValueError`` naming ``what``."""
     if not isinstance(key, bytes) or len(key) != Z85_KEY_CHARS:
         raise ValueError(f"{what}: expected {Z85_KEY_CHARS} bytes of z85, got {key!r:.60}")

@@ -1,4 +1,4 @@
-"""What each control-plane message carries (:mod:`testbed.core.protocol`): the field kinds
+"""What each control-plane message carries (:mod:`testbed.core.transport.protocol`): the field kinds
 of every message type (:data:`SCHEMAS`), its payload (:data:`PAYLOADS`), the limits on field
 values, and :class:`ProtocolError`, raised for any message that breaks them."""
 
@@ -29,7 +29,7 @@ SECAGG_CIPHERTEXT_HEX = 296
 SECAGG_ORDINATE_HEX = 132
 
 #: The kinds of a field in the schemas below (checked by
-#: :func:`testbed.core.protocol_checks.kind_ok`).
+#: :func:`testbed.core.transport.protocol_checks.kind_ok`).
 INT = "int"
 FLOAT = "float"
 STR = "str"

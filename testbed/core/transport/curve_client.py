@@ -1,5 +1,5 @@
 """An edge device's end of the lab control plane: :class:`CurveClient`, a CurveZMQ DEALER
-encrypted to and authenticated by the aggregator (:mod:`testbed.core.secure_socket`).
+encrypted to and authenticated by the aggregator (:mod:`testbed.core.transport.secure_socket`).
 
 A client whose key the aggregator's ZAP handler refuses (not on its allow-list) learns it
 from the server's CurveZMQ ERROR command: libzmq (>= 4.3) reports it on a socket monitor as
@@ -19,8 +19,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from testbed.core.curve_keys import aggregator_public_key, load_device_keys
-from testbed.core.secure_socket import (
+from testbed.core.transport.curve_keys import aggregator_public_key, load_device_keys
+from testbed.core.transport.secure_socket import (
     CURVE_FRAME_OVERHEAD_BYTES,
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,

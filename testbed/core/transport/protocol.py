@@ -4,8 +4,9 @@ Only side information travels here; model-update values travel over the link as 
 symbols. The exception is 002's secure aggregation (``sa_*``): masked integers cannot cross
 an analog channel, so they travel here, masked. This module holds the upload header, the
 message format's version and sizes, :class:`Message` and :func:`encode` / :func:`decode`;
-what each message type carries is in :mod:`testbed.core.protocol_schema`, the checks of its
-fields in :mod:`testbed.core.protocol_checks`. None of the three imports anything else of
+what each message type carries is in :mod:`testbed.core.transport.protocol_schema`, the checks of
+its
+fields in :mod:`testbed.core.transport.protocol_checks`. None of the three imports anything else of
 the project.
 """
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from testbed.core.protocol_checks import check_ranges, kind_ok, payload_bytes
-from testbed.core.protocol_schema import SCHEMAS, ProtocolError
+from testbed.core.transport.protocol_checks import check_ranges, kind_ok, payload_bytes
+from testbed.core.transport.protocol_schema import SCHEMAS, ProtocolError
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ from radio.analog import n_symbols_for, symbols_to_reals
 from radio.link import Link
 from radio.units import ratio_to_db
 from testbed.core.config.aircomp_checks import aircomp_colluding
-from testbed.core.faults import fault_point
-from testbed.core.interrupts import StopSignals
 from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.aircomp_noise import round_events
+from testbed.core.runs.faults import fault_point
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.stage_timer import StageTimer
 
 

@@ -9,7 +9,7 @@ leave an upload of the round in the ledger without its kept copy in ``inflight/`
 * an intent was journalled, so the next :class:`~testbed.core.privacy_book.PrivacyBook`
   recorded it with its gated values: the upload may have gone on air (``after_intent``,
   ``after_transmit``, the lab's ``lab_after_request``);
-* a torn, not yet fsynced kept record was dropped (:mod:`testbed.core.inflight`).
+* a torn, not yet fsynced kept record was dropped (:mod:`testbed.core.runs.inflight`).
 
 Such an upload is **lost for the round**: charged once (its record stays), its update not
 aggregated, the metrics entry says why, and its device is **not asked again** in that round,

@@ -13,7 +13,7 @@ One round ``t``:
    answers in device order;
 4. **decode and record** each (:func:`aggregator.settle.settle`): the ledger commit comes
    before the upload is kept in ``inflight/``, whose copies are made durable by one group
-   commit per batch of uploads and one after the round's last (:mod:`testbed.core.inflight`);
+   commit per batch of uploads and one after the round's last (:mod:`testbed.core.runs.inflight`);
 5. **aggregate and evaluate** (:func:`aggregator.round_close.close_round`).
 
 Under 002's secure aggregation (``zcdp-secagg``) step 3-4 is one secure sum
@@ -37,8 +37,8 @@ from aggregator.settle import settle, tally
 from aggregator.state import RunState
 from radio.analog import n_symbols_for
 from radio.link import Link
-from testbed.core.faults import fault_point
-from testbed.core.interrupts import StopSignals
+from testbed.core.runs.faults import fault_point
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent

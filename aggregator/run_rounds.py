@@ -21,9 +21,9 @@ from aggregator.solver.calibration import uploads_to_target
 from aggregator.summary import summary as build_summary
 from radio.link import LinkFailed
 from testbed.core import startup_gc
-from testbed.core.interrupts import StopSignals
 from testbed.core.process_clock import process_age_s
-from testbed.core.run_errors import TrainingDiverged
+from testbed.core.runs.interrupts import StopSignals
+from testbed.core.runs.run_errors import TrainingDiverged
 
 #: Called after every round with the round's metrics line.
 RoundCallback = Callable[[dict[str, Any]], None]

@@ -35,8 +35,8 @@ from aggregator.devices import (
 from aggregator.state import RunState
 from radio.link import Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
-from testbed.core.faults import fault_point, log_air
 from testbed.core.masks import sparsify_mask
+from testbed.core.runs.faults import fault_point, log_air
 from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import UploadHeader
 from testbed.core.upload_events import PrivacyEvent
@@ -198,7 +198,7 @@ def settle(
         info.setdefault(key, value)
     info["train_loss"] = answer.train_loss
     # Kept after the ledger record is durable; durable itself at the group commit
-    # (testbed.core.inflight, invariant 1).
+    # (testbed.core.runs.inflight, invariant 1).
     timer.timed("keep", lambda: state.rundir.keep_upload(t, i, vec, info))
     fault_point("after_inflight")
     devices.acknowledge(t, i, nonce, committed)

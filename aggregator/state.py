@@ -24,9 +24,9 @@ from testbed.core.data.datasets import Dataset
 from testbed.core.models import get_flat, n_params
 from testbed.core.privacy_book import PrivacyBook
 from testbed.core.record_schemes import RecordSettings, check_delta_bound
-from testbed.core.recovery import config_pin
 from testbed.core.run_setup import device_settings, initial_model
-from testbed.core.rundir import RunDir
+from testbed.core.runs.recovery import config_pin
+from testbed.core.runs.rundir import RunDir
 from testbed.core.schemes import DeviceUplink
 from testbed.core.seeding import Stream, experiment_generator
 from testbed.core.upload_events import PrivacyEvent, channel_fields, upload_event

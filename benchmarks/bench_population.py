@@ -10,7 +10,7 @@ evaluation and without keeping the uploads durably (``wall_s.round - wall_s.eval
 wall_s.keep``), the least over the rounds after the first (the first also makes the devices'
 state); the first round's cost is reported beside it. ``keep`` (each upload written to
 ``inflight/``, made durable by one fsync per batch of uploads and one per round:
-:mod:`testbed.core.inflight`) is left out of the ratio figures because its fsyncs wait for
+:mod:`testbed.core.runs.inflight`) is left out of the ratio figures because its fsyncs wait for
 the disk, which other work on a shared machine slows; it is reported per upload in the
 output (``keep_per_upload_s``) and counted in ``per_device_1000_abs``. The compared
 configurations run next to each other.
@@ -66,7 +66,7 @@ def child(devices: int, sample: int | None, rounds: int, steps: int, workers: in
     """One configuration, in this (child) process: prints one JSON line. ``batch`` 0: the
     default ``compute.batch_devices`` (``auto``)."""
     from testbed.core.config.loader import load_experiment
-    from testbed.core.rundir import read_jsonl
+    from testbed.core.runs.rundir import read_jsonl
     from testbed.runner import run_experiment
 
     sets = [*BASE, f"devices={devices}", f"rounds={rounds}", f"local_steps={steps}",

@@ -39,7 +39,7 @@ from typing import Any
 
 from testbed.bench_figures import Figure, figure, format_table
 from testbed.core.config.loader import load_experiment
-from testbed.core.rundir import read_jsonl
+from testbed.core.runs.rundir import read_jsonl
 from testbed.runner import run_experiment
 
 

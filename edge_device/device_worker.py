@@ -28,7 +28,7 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.data.coded import CodedImages
 from testbed.core.models import n_params
 from testbed.core.record_schemes import RecordSettings
-from testbed.core.run_errors import TrainingDiverged
+from testbed.core.runs.run_errors import TrainingDiverged
 from testbed.core.scheme_api import BuiltinScheme, checked, scheme_of
 from testbed.core.schemes import DeviceUplink
 from testbed.core.seeding import Stream, experiment_generator

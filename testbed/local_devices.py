@@ -38,9 +38,9 @@ from radio.link import Link
 from testbed.core.compute import check_workers
 from testbed.core.config.errors import ConfigError
 from testbed.core.data.datasets import Dataset
-from testbed.core.interrupts import StopSignals
 from testbed.core.links import make_link
 from testbed.core.record_schemes import RecordSettings
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.secagg.aggregation import CARRIER as SECAGG_CARRIER
 from testbed.core.secagg.aggregation import secure_sum
 from testbed.core.stage_timer import StageTimer

@@ -24,10 +24,10 @@ from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.lab_checks import check_not_lab_run
 from testbed.core.links import check_link_config
 from testbed.core.privacy import LedgerError
-from testbed.core.recovery import check_config_pin, directory_is_pristine, resume_point
-from testbed.core.run_metadata import write_metadata
 from testbed.core.run_setup import prepare_data
-from testbed.core.rundir import RunDir, RunDirError
+from testbed.core.runs.recovery import check_config_pin, directory_is_pristine, resume_point
+from testbed.core.runs.run_metadata import write_metadata
+from testbed.core.runs.rundir import RunDir, RunDirError
 from testbed.local_devices import LocalDevices
 
 __all__ = ["local_loop", "run_experiment", "resume_experiment"]
@@ -122,7 +122,7 @@ def resume_experiment(
     Raises
     ------
     RunDirError
-        When the run's files are missing or disagree (see :mod:`testbed.core.recovery`), or
+        When the run's files are missing or disagree (see :mod:`testbed.core.runs.recovery`), or
         ``run_dir`` is a lab run's (before anything is opened; the line names the command
         that continues it, :func:`testbed.core.lab_checks.check_not_lab_run`).
     """

@@ -18,8 +18,8 @@ from edge_device.trainer import LocalTrainer
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.models import build_model, get_flat
-from testbed.core.run_metadata import write_metadata
-from testbed.core.rundir import RunDir, read_jsonl
+from testbed.core.runs.run_metadata import write_metadata
+from testbed.core.runs.rundir import RunDir, read_jsonl
 from testbed.runner import local_loop
 
 

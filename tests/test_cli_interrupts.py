@@ -3,7 +3,7 @@
 Before the run installs its own handling (imports, parsing, config, data loading), SIGINT
 gave a ``KeyboardInterrupt`` traceback and exit -2, SIGTERM a silent death (-15). Both now
 end with one line on stderr and exit 130, as an interrupted run does. The process is held
-at a known place with ``TESTBED_PAUSE`` (testbed/core/faults.py) before it is signalled.
+at a known place with ``TESTBED_PAUSE`` (testbed/core/runs/faults.py) before it is signalled.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from testbed.core.compute import check_workers, resolve_device
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import dump_yaml, load_experiment
 from testbed.core.models import build_model, get_flat
-from testbed.core.rundir import RunDir
+from testbed.core.runs.rundir import RunDir
 from testbed.runner import run_experiment
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

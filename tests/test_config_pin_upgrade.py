@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from testbed.core.config.loader import load_experiment, load_hardware
-from testbed.core.recovery import check_config_pin, config_pin
-from testbed.core.rundir import RunDir, RunDirError
+from testbed.core.runs.recovery import check_config_pin, config_pin
+from testbed.core.runs.rundir import RunDir, RunDirError
 
 #: Keys this testbed added after runs were started with it.
 ADDED = {"config": ["compute.device"], "hw_config": ["usrp.fallback", "usrp.emulated"]}

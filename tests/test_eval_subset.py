@@ -13,7 +13,7 @@ from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment
 from testbed.core.models import build_model, get_flat
 from testbed.core.run_setup import initial_model, prepare_test_data
-from testbed.core.rundir import RunDir, read_jsonl
+from testbed.core.runs.rundir import RunDir, read_jsonl
 from testbed.core.seeding import Stream, experiment_generator
 from testbed.runner import resume_experiment, run_experiment
 

@@ -18,7 +18,7 @@ import torch
 from testbed.core.config.loader import load_experiment
 from testbed.core.models import build_model, get_flat
 from testbed.core.run_setup import prepare_data
-from testbed.core.rundir import RunDir
+from testbed.core.runs.rundir import RunDir
 from testbed.core.seeding import Stream, experiment_generator
 from testbed.runner import run_experiment
 

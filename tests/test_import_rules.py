@@ -111,7 +111,7 @@ def test_every_import_keeps_the_rules() -> None:
         ("edge_device/trainer.py", "from aggregator.aggregate import average", "aggregator"),
         ("edge_device/trainer.py", "from testbed.runner import run_experiment", "testbed"),
         ("radio/link.py", "from testbed.core.transport.protocol import UploadHeader", "core"),
-        ("testbed/core/rundir.py", "    from testbed.api import run", "testbed"),
+        ("testbed/core/runs/rundir.py", "    from testbed.api import run", "testbed"),
     ],
 )
 def test_a_forbidden_import_is_found(file: str, line: str, room_of_import: str) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.core import inflight
 from testbed.core.config.loader import load_experiment
 from testbed.core.privacy import Ledger
-from testbed.core.rundir import RunDir, RunDirError, dumps, read_jsonl
+from testbed.core.runs import inflight
+from testbed.core.runs.rundir import RunDir, RunDirError, dumps, read_jsonl
 from testbed.runner import run_experiment
 from tests.test_crash_safety import _cli, _run_args
 
@@ -257,7 +257,7 @@ def test_resume_refuses_a_damaged_kept_file_naming_it(
 def test_strict_json_is_the_same_text_with_or_without_non_finite_floats() -> None:
     """``dumps`` writes an object as it is unless it holds a non-finite float: the same text
     as through ``json_safe`` either way."""
-    from testbed.core.rundir import json_safe
+    from testbed.core.runs.rundir import json_safe
 
     finite = {"a": 1.5, "b": [1, 2.25, (3, "x")], "c": {"d": None, "e": True, 7: -0.0}}
     for value in (finite, {**finite, "f": float("inf")}, [float("nan"), {"g": -float("inf")}]):

@@ -135,7 +135,7 @@ def test_resume_of_a_lab_run_with_an_edited_config_is_refused(
     an edit names the key and refuses before any round (no edges needed)."""
     from aggregator.lab.resume import open_run
     from testbed.core.config.loader import load_experiment, load_hardware
-    from testbed.core.rundir import RunDirError
+    from testbed.core.runs.rundir import RunDirError
 
     cfg = load_experiment(None, [*tiny_overrides, "devices=2"])
     hw = load_hardware(cfg.hw_config)

@@ -21,8 +21,8 @@ from aggregator.lab.server import lab_loop
 from aggregator.round_loop import RoundLoop
 from aggregator.run_rounds import run_rounds
 from testbed.core.config.loader import load_experiment, load_hardware
-from testbed.core.run_metadata import write_metadata
-from testbed.core.rundir import RunDir
+from testbed.core.runs.run_metadata import write_metadata
+from testbed.core.runs.rundir import RunDir
 from testbed.core.transport.protocol import decode
 from testbed.local_devices import LocalDevices
 from testbed.runner import local_loop

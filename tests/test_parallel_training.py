@@ -18,7 +18,7 @@ import pytest
 from edge_device.device_worker import Trained, TrainingDiverged
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment
-from testbed.core.rundir import RunDir, read_jsonl
+from testbed.core.runs.rundir import RunDir, read_jsonl
 from testbed.parallel_training import TrainingPool, WorkerFailed, resolve_workers
 from testbed.runner import run_experiment
 from tests.lab_helpers import processes_mentioning

@@ -22,9 +22,9 @@ from testbed.core.data.coded import CodedImages
 from testbed.core.models import build_model, get_flat
 from testbed.core.privacy import Ledger
 from testbed.core.record_schemes import resolve_record_uplinks
-from testbed.core.run_metadata import write_metadata
 from testbed.core.run_setup import device_settings, prepare_data
-from testbed.core.rundir import RunDir, read_jsonl
+from testbed.core.runs.run_metadata import write_metadata
+from testbed.core.runs.rundir import RunDir, read_jsonl
 from testbed.core.schemes import resolve_uplinks
 from testbed.local_devices import LocalDevices
 from testbed.runner import local_loop

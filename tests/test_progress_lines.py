@@ -121,7 +121,7 @@ def _join(server: _FakeServer, device: int, instance: str) -> None:
 def test_control_plane_logs_joins_all_joined_once_and_departures(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from testbed.core.interrupts import StopSignals
+    from testbed.core.runs.interrupts import StopSignals
 
     server = _FakeServer()
     welcome = {"run_id": "r", "config_yaml": "", "mask_secret": "s", "radios": ""}

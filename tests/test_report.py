@@ -14,7 +14,7 @@ import pytest
 
 from testbed.cli.main import main
 from testbed.core.config.loader import load_experiment
-from testbed.core.rundir import read_jsonl
+from testbed.core.runs.rundir import read_jsonl
 from testbed.report import write_report
 from testbed.report.tables import check_report
 from testbed.runner import run_experiment

@@ -12,7 +12,7 @@ import pytest
 
 from testbed.cli.main import main
 from testbed.core.config.loader import load_experiment
-from testbed.core.rundir import RunDir
+from testbed.core.runs.rundir import RunDir
 from testbed.runner import run_experiment
 from tests.radio_helpers import require_gnuradio
 

@@ -14,7 +14,7 @@ import pytest
 
 from testbed.cli.main import main
 from testbed.core.config.loader import load_experiment
-from testbed.core.rundir import RunDir, RunDirError, read_jsonl
+from testbed.core.runs.rundir import RunDir, RunDirError, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
 from tests.overrides import merge_sets
 

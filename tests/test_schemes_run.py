@@ -13,7 +13,7 @@ from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import PEER_SCHEMES, SCHEMES
 from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.privacy import Ledger, rebuild_accountant
-from testbed.core.rundir import RunDir
+from testbed.core.runs.rundir import RunDir
 from testbed.core.schemes import expected_power_bound, resolve_uplinks
 from testbed.runner import resume_experiment, run_experiment
 

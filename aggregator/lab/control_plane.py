@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.core.interrupts import StopSignals
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.transport.curve_server import CurveServer
 from testbed.core.transport.protocol import Message, ProtocolError, decode, encode
 

@@ -55,9 +55,9 @@ from aggregator.lab.usrp_split import DEFAULT_TRAIN_ALLOWANCE_S, ReceiverFactory
 from aggregator.state import RunState
 from radio.analog import n_symbols_for
 from radio.link import Link, LinkError, Reception
-from testbed.core.faults import fault_point
-from testbed.core.interrupts import StopSignals
 from testbed.core.links import make_link
+from testbed.core.runs.faults import fault_point
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import Message, UploadHeader
 from testbed.core.upload_events import PrivacyEvent, event_channel

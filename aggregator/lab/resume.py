@@ -29,9 +29,9 @@ from typing import Any
 
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.interrupts import StopSignals
 from testbed.core.lab_checks import check_lab_run, mark_lab_run
-from testbed.core.rundir import RunDir, atomic_write_bytes
+from testbed.core.runs.interrupts import StopSignals
+from testbed.core.runs.rundir import RunDir, atomic_write_bytes
 from testbed.core.transport.protocol import ProtocolError, decode, encode
 
 log = logging.getLogger("testbed.aggregator")
@@ -63,8 +63,8 @@ def open_run(
     """
     from testbed.core.config.loader import load_experiment, load_hardware
     from testbed.core.links import check_link_config
-    from testbed.core.recovery import check_config_pin, resume_point
-    from testbed.core.run_metadata import write_metadata
+    from testbed.core.runs.recovery import check_config_pin, resume_point
+    from testbed.core.runs.run_metadata import write_metadata
 
     if resume_dir is not None:
         check_lab_run(resume_dir)

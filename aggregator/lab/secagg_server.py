@@ -42,8 +42,8 @@ import numpy as np
 from aggregator.devices import SecAggOutcome
 from aggregator.lab.control_plane import ControlPlane
 from aggregator.state import RunState
-from testbed.core.faults import fault_point
-from testbed.core.interrupts import StopSignals
+from testbed.core.runs.faults import fault_point
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.secagg import ProtocolError as SecAggProtocolError
 from testbed.core.secagg import SecAggAbortError
 from testbed.core.secagg.aggregation import CARRIER, round_codec

@@ -26,11 +26,11 @@ from aggregator.run_rounds import run_rounds
 from aggregator.state import RunState
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.interrupts import StopSignals
 from testbed.core.private_air import PrivateAir
 from testbed.core.radio_fallback import radio_kind
 from testbed.core.run_setup import prepare_test_data
-from testbed.core.rundir import RunDir
+from testbed.core.runs.interrupts import StopSignals
+from testbed.core.runs.rundir import RunDir
 from testbed.core.transport.curve_server import CurveServer
 from testbed.core.transport.protocol import MAX_MESSAGE_BYTES
 
@@ -91,7 +91,7 @@ def serve(
 
     from aggregator.lab.resume import endpoint_note, open_run, serve_finished
     from testbed.core.lab_checks import check_allow_list
-    from testbed.core.rundir import RunDirError
+    from testbed.core.runs.rundir import RunDirError
 
     if resume_dir is None and cfg is not None:
         check_allow_list(keys_dir, cfg.devices)  # before anything is written
@@ -147,7 +147,7 @@ def serve(
     except BaseException:
         rundir.close()
         if resume_dir is None and start == 0 and not rundir.metrics_path.exists():
-            from testbed.core.recovery import directory_is_pristine
+            from testbed.core.runs.recovery import directory_is_pristine
 
             if directory_is_pristine(rundir.path):
                 rundir.remove()

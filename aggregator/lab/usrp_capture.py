@@ -33,9 +33,9 @@ from aggregator.state import RunState
 from radio.analog import n_symbols_for
 from radio.link import LinkError, LinkFailed, ReceiverGap, Reception
 from radio.tdma import Slot, schedule_window
-from testbed.core.faults import fault_point
-from testbed.core.interrupts import StopSignals
 from testbed.core.links import waveform_params
+from testbed.core.runs.faults import fault_point
+from testbed.core.runs.interrupts import StopSignals
 from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import Message
 

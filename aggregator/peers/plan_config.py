@@ -224,7 +224,7 @@ def plan_for_config(cfg: ExperimentConfig, d: int, sc: DpPasgdScenario
 def save_peer_plan(path: Path, scheme: str, plan: Any, overrides: dict[str, Any]) -> None:
     """Write a peer plan file (atomic)."""
     from testbed.core.config.safe_yaml import dump_yaml_text
-    from testbed.core.rundir import atomic_write_bytes
+    from testbed.core.runs.rundir import atomic_write_bytes
 
     body = {"format": PEER_PLAN_FORMAT, "scheme": scheme, "overrides": overrides,
             "plan": plan.to_dict()}

@@ -26,8 +26,8 @@ ledgers must record the same event). Under 002's secure aggregation (``zcdp-seca
 (:mod:`edge_device.lab.secagg_phases`, :mod:`edge_device.lab.secagg_client`): the edge
 records its upload when the aggregator relays the shares of ``U2`` (``sa_inbox``), before
 it masks, and sends only its masked update. Its
-fault points (:mod:`testbed.core.faults`): ``edge_before_masked`` (recorded, not yet masked) and
-``edge_before_unmasking`` (masked input sent, unmasking request not answered); the
+fault points (:mod:`testbed.core.runs.faults`): ``edge_before_masked`` (recorded, not yet masked)
+and ``edge_before_unmasking`` (masked input sent, unmasking request not answered); the
 aggregator's: ``secagg_after_commit`` (``U2`` recorded, no inbox sent yet).
 
 This module holds :class:`EdgeAgent`: its state, set-up (``welcome``), the message loop and
@@ -73,7 +73,7 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.data.coded import take_rows
 from testbed.core.privacy_book import PrivacyBook
-from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
+from testbed.core.runs.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.core.transport.curve_client import CurveClient
 from testbed.core.transport.protocol import Message, ProtocolError, decode
 

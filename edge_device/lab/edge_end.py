@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_device.lab.errors import EdgeError
 from edge_device.lab.ledger_sync import on_sync
-from testbed.core.rundir import atomic_write_bytes
+from testbed.core.runs.rundir import atomic_write_bytes
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView

@@ -7,7 +7,7 @@ then the masked update goes out as ``sa_masked``; ``sa_unmask_req`` -> ``sa_unma
 ``sa_abort`` ends the session. A step the session will not take refuses the round. The
 cryptographic state machine is :class:`edge_device.lab.secagg_client.EdgeSecAgg`.
 
-Fault points (:mod:`testbed.core.faults`): ``edge_before_masked`` (recorded, not yet
+Fault points (:mod:`testbed.core.runs.faults`): ``edge_before_masked`` (recorded, not yet
 masked) and ``edge_before_unmasking`` (masked input sent, unmasking request not answered).
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_device.lab.replies import refuse, send
 from edge_device.lab.secagg_client import SESSION_ERRORS
-from testbed.core.faults import fault_point
+from testbed.core.runs.faults import fault_point
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView

@@ -24,7 +24,7 @@ from edge_device.lab.errors import EdgeError
 from edge_device.lab.replies import refuse, send, upload_fields, withdraw
 from radio.link import LinkError, LinkFailed
 from radio.usrp_settings import DeviceRadio
-from testbed.core.faults import fault_point, late_burst, tx_shift_s
+from testbed.core.runs.faults import fault_point, late_burst, tx_shift_s
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
@@ -43,7 +43,7 @@ HOLD_MARGIN_S = 1.0
 def open_transmitter(radio: DeviceRadio, log_dir: Path) -> EdgeTransmitter:
     """The device's ``tx`` flowgraph on its own USRP (looked for first)."""
     from radio.edge_radio import EdgeTransmitter
-    from testbed.core.faults import host_clock
+    from testbed.core.runs.faults import host_clock
 
     # The clock the agent measures its offset to the aggregator with (the same host clock).
     return EdgeTransmitter(radio, log_dir=log_dir, clock=host_clock())

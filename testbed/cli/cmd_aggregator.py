@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         radios_of,
         resolve_radios,
     )
-    from testbed.core.rundir import RunDirError, default_run_path, dumps
+    from testbed.core.runs.rundir import RunDirError, default_run_path, dumps
     from testbed.core.transport.curve_keys import KeyFileError, KeyFileMissingError
     from testbed.core.transport.endpoints import check_endpoint
 

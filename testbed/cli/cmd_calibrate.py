@@ -205,7 +205,7 @@ def _settings_text(settings: dict[str, float]) -> str:
 
 def _run_pilot(k: int, n: int, pilot: Any, runs_root: Path, hw: Any) -> dict[str, Any]:
     """Run one pilot with a start and an end line on stderr; its row for the output."""
-    from testbed.core.rundir import RunDirError
+    from testbed.core.runs.rundir import RunDirError
     from testbed.runner import run_experiment
 
     run_dir = runs_root / f"pilot-{k:02d}"

@@ -113,9 +113,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging
-    from testbed.core.faults import host_clock
     from testbed.core.lab_checks import check_state_dir
     from testbed.core.radio_fallback import check_fallback_applies
+    from testbed.core.runs.faults import host_clock
     from testbed.core.transport.curve_client import KeyRefusedError
     from testbed.core.transport.curve_keys import KeyFileError, KeyFileMissingError
     from testbed.core.transport.endpoints import check_endpoint

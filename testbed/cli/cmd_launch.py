@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     from testbed.core.config.errors import ConfigError
     from testbed.core.config.loader import load_experiment, load_hardware
     from testbed.core.radio_fallback import FallbackRefused
-    from testbed.core.rundir import RunDirError, default_run_path
+    from testbed.core.runs.rundir import RunDirError, default_run_path
     from testbed.lab.launch import launch, resume_launch
 
     timing = {"round_timeout_s": args.round_timeout, "join_timeout_s": args.join_timeout,

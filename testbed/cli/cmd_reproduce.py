@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from testbed.core.interrupts import sigterm_as_interrupt
+    from testbed.core.runs.interrupts import sigterm_as_interrupt
     from testbed.reproduce.cases import parse_datasets
     from testbed.reproduce.main import Request, parse_mapping, reproduce
 

@@ -69,9 +69,9 @@ def _run(args: argparse.Namespace) -> int:
     from aggregator.outcome import outcome_line
     from testbed import api
     from testbed.cli import quick_exit
-    from testbed.core.faults import pause_point
     from testbed.core.radio_fallback import FallbackRefused
-    from testbed.core.rundir import RunDirError, default_run_path, dumps
+    from testbed.core.runs.faults import pause_point
+    from testbed.core.runs.rundir import RunDirError, default_run_path, dumps
 
     # a bar when stderr is a terminal, else plain lines (aggregator.run_rounds)
     progress = not args.no_progress

@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.core.rundir import dumps
+    from testbed.core.runs.rundir import dumps
     from testbed.sweep import run_sweep
 
     try:

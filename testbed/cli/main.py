@@ -22,8 +22,8 @@ from typing import NoReturn
 from testbed import __version__
 from testbed.core import startup_gc
 from testbed.core.config.errors import ConfigError
-from testbed.core.faults import pause_point
-from testbed.core.interrupts import sigterm_as_interrupt
+from testbed.core.runs.faults import pause_point
+from testbed.core.runs.interrupts import sigterm_as_interrupt
 
 #: Exit code of a command stopped by SIGINT or SIGTERM (README, "Outcomes").
 EXIT_INTERRUPTED = 130

@@ -120,7 +120,7 @@ def _load(path: str, version: int) -> AirCompPlanFile:
 def save_aircomp_plan(plan: AirCompPlanFile, path: str | Path) -> None:
     """Write ``plan`` as YAML (atomically)."""
     from testbed.core.config.safe_yaml import dump_yaml_text
-    from testbed.core.rundir import atomic_write_bytes
+    from testbed.core.runs.rundir import atomic_write_bytes
 
     atomic_write_bytes(Path(path), dump_yaml_text(plan.model_dump(mode="json")).encode())
 

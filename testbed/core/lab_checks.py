@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from testbed.core.rundir import RunDir, RunDirError
+from testbed.core.runs.rundir import RunDir, RunDirError
 
 #: File that marks a run directory as a lab run's (written by ``testbed aggregator``).
 LAB_MARKER = "lab.json"

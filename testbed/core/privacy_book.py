@@ -49,7 +49,7 @@ from testbed.core.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
 from testbed.core.privacy.ledger_parse import gc_paused
 from testbed.core.privacy.record_accountant import RecordAccountant
 from testbed.core.privacy.record_epsilon import RECORD_ACCOUNTANTS
-from testbed.core.rundir import append_jsonl, atomic_write_bytes, read_jsonl
+from testbed.core.runs.rundir import append_jsonl, atomic_write_bytes, read_jsonl
 
 #: Accountings kept side by side, per privacy unit; the first is the default enforced one.
 ACCOUNTINGS = {"device": MODES, "record": RECORD_ACCOUNTANTS}

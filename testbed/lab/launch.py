@@ -475,7 +475,7 @@ def resume_launch(
 
     Raises
     ------
-    testbed.core.rundir.RunDirError
+    testbed.core.runs.rundir.RunDirError
         ``out_dir`` is not a launch directory, or its aggregator never started its run
         (:func:`testbed.core.lab_checks.check_launch_dir`; before anything starts).
     """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.core.rundir import atomic_write_bytes, dumps
+from testbed.core.runs.rundir import atomic_write_bytes, dumps
 from testbed.report.load import NotARunDirectory, RunData, load_run
 
 __all__ = ["NotARunDirectory", "RunData", "load_run", "write_report"]

@@ -50,8 +50,8 @@ class NotARunDirectory(ValueError):
 
 def as_float(value: Any) -> float | None:
     """A JSON number as ``float``; the strings ``"inf"``, ``"-inf"``, ``"nan"`` that
-    :func:`testbed.core.rundir.json_safe` writes for non-finite floats as those floats; anything
-    else (``None``, text, ``bool``) as ``None``."""
+    :func:`testbed.core.runs.rundir.json_safe` writes for non-finite floats as those floats;
+    anything else (``None``, text, ``bool``) as ``None``."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.config.errors import ConfigError
-from testbed.core.rundir import atomic_write_bytes, dumps
+from testbed.core.runs.rundir import atomic_write_bytes, dumps
 from testbed.reproduce.cases import (
     BASE_CONFIG,
     SHIPPED_CALIBRATION,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.core.rundir import atomic_write_bytes
+from testbed.core.runs.rundir import atomic_write_bytes
 from testbed.reproduce.figures import Sourced
 from testbed.reproduce.printed import PAPER_NAMES, TABLE1
 

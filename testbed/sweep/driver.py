@@ -38,8 +38,8 @@ from typing import Any
 
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.safe_yaml import dump_yaml_text
-from testbed.core.interrupts import raise_interrupt, sigterm_as_interrupt
-from testbed.core.rundir import RunDirError, atomic_write_bytes, lock_directory
+from testbed.core.runs.interrupts import raise_interrupt, sigterm_as_interrupt
+from testbed.core.runs.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.sweep.cells import Cell, build_cells, cell_action, read_summary
 from testbed.sweep.progress import CellCount, cell_end_line, cell_start_line, outcome_text
 from testbed.sweep.results import plot_results, result_row, write_csv

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.core.rundir import atomic_write_bytes
+from testbed.core.runs.rundir import atomic_write_bytes
 from testbed.sweep.cells import plain_text
 
 #: Columns after the grid keys, in order. Privacy columns are empty for ``fedavg``.

@@ -51,7 +51,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from testbed.core.durable import fsync_dir
 from testbed.core.privacy.accountant import PrivacyAccountant
 from testbed.core.privacy.event_types import EVENT_CLASSES, PrivacyEvent, by_type_tag
 from testbed.core.privacy.events import UploadEvent
@@ -72,6 +71,7 @@ from testbed.core.privacy.ledger_verified import (
     read_verified,
     write_verified,
 )
+from testbed.core.runs.durable import fsync_dir
 
 __all__ = [
     "EVENT_TYPES",

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.core.durable import fsync_dir
+from testbed.core.runs.durable import fsync_dir
 
 #: Largest number of devices one key set holds.
 MAX_DEVICES = 10_000

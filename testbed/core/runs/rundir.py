@@ -12,7 +12,7 @@ Layout::
                            (atomic replace)
     RUN/inflight/          uploads received in the round under way, sealed records in one
                            segment per round and process, made durable by a group commit
-                           (testbed.core.inflight), so a resumed round reuses them instead of
+                           (testbed.core.runs.inflight), so a resumed round reuses them instead of
                            re-transmitting
     RUN/summary.json       written at the end (or on interruption), atomic replace
     RUN/.lock              who holds the directory's lock (pid, host, since); the lock
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.durable import fsync_dir
-from testbed.core.inflight import (
+from testbed.core.runs.durable import fsync_dir
+from testbed.core.runs.inflight import (
     Kept,
     KeptError,
     KeptLog,
@@ -345,10 +345,10 @@ class RunDir:
     ) -> None:
         """Keep device ``device``'s received upload of the round under way, for a resumed
         round to reuse; durable at the next group commit (:meth:`sync_kept`, made here when
-        a batch is full, see :data:`testbed.core.inflight.SYNC_UPLOADS`).
+        a batch is full, see :data:`testbed.core.runs.inflight.SYNC_UPLOADS`).
 
         Call it only after the upload's ledger record is durable (invariant 1 of
-        :mod:`testbed.core.inflight`). ``decoded`` is the decoded differential (``float64``,
+        :mod:`testbed.core.runs.inflight`). ``decoded`` is the decoded differential (``float64``,
         shape ``(d,)``), ``None`` for an upload the receiver lost; ``info`` is its metrics
         entry.
         """
@@ -425,7 +425,7 @@ class RunDir:
         the round's in-flight uploads. A crash after the checkpoint is rolled forward by
         :meth:`roll_forward`."""
         self.save_checkpoint(round_index, weights, {**extra, "metrics_line": line})
-        from testbed.core.faults import fault_point
+        from testbed.core.runs.faults import fault_point
 
         fault_point("after_checkpoint")
         self.append_metrics(line)

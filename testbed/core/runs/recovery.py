@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from testbed.core.rundir import (
+from testbed.core.runs.rundir import (
     RunDir,
     RunDirError,
     append_jsonl,

@@ -1,7 +1,7 @@
 """Kept uploads of the round under way (``RUN/inflight/``), written as a group commit.
 
 A resumed round reuses the uploads the aggregator had received and recorded before the
-crash instead of asking for them again (:meth:`testbed.core.rundir.RunDir.load_inflight`).
+crash instead of asking for them again (:meth:`testbed.core.runs.rundir.RunDir.load_inflight`).
 They are kept in *segments*, ``inflight/r<round>-s<k>.kept``: one per round and process
 (a resumed process starts the next ``k``), each a sequence of records appended with one
 ``write(2)`` each and **no fsync each**. A *group commit* (:meth:`KeptLog.sync`) makes
@@ -43,7 +43,7 @@ Invariant (what a resume may rely on):
    ``before_inflight_sync``); only a power cut or a kernel crash before the group fsync
    can lose it, and then (2) applies.
 4. **Durable means durable.** Once :meth:`KeptLog.sync` returns, the records survive a
-   power cut (a clean stop, :meth:`testbed.core.rundir.RunDir.close`, syncs too). A record
+   power cut (a clean stop, :meth:`testbed.core.runs.rundir.RunDir.close`, syncs too). A record
    that fails its seal inside the part a later, intact sync mark says was fsynced is
    corruption, not a crash artefact: reading refuses it, naming the file (as an unreadable
    kept upload always was). Where no such mark follows, it is read as a torn tail (2):
@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.durable import fsync_dir
+from testbed.core.runs.durable import fsync_dir
 
 #: Sync the segment after this many uploads were written since the last sync ...
 SYNC_UPLOADS = 256
@@ -158,7 +158,7 @@ class KeptLog:
         """Group commit: one fsync makes every record written so far durable (the first one
         also fsyncs the directory entries of the segment and of ``inflight/``); then a sync
         mark records how much is durable. Nothing to do when no upload was written since."""
-        from testbed.core.faults import fault_point
+        from testbed.core.runs.faults import fault_point
 
         if self._fd is None or self.pending_uploads == 0:
             return

@@ -18,8 +18,8 @@ from testbed.core.config.link import link_name
 from testbed.core.config.loader import dump_yaml
 from testbed.core.extensions import extension_facts
 from testbed.core.radio_fallback import emulation_facts
-from testbed.core.recovery import config_pin
-from testbed.core.rundir import RunDir
+from testbed.core.runs.recovery import config_pin
+from testbed.core.runs.rundir import RunDir
 from testbed.core.seeding import Stream, new_run_secret
 from testbed.core.version import __version__
 
@@ -83,5 +83,5 @@ def write_metadata(
     radios = emulation_facts(hw)
     if radios is not None:  # loud: a run on emulated radios says so first
         meta = {"radios": radios, **meta}
-    meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.core.recovery)
+    meta["config_pin"] = config_pin(cfg, hw)  # checked on resume (testbed.core.runs.recovery)
     rundir.write_text("meta.json", json.dumps(meta, indent=2) + "\n")

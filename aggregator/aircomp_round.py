@@ -37,7 +37,7 @@ from radio.link import Link
 from radio.units import ratio_to_db
 from testbed.core.config.aircomp_checks import aircomp_colluding
 from testbed.core.privacy.aircomp_events import AirCompEvent
-from testbed.core.privacy.aircomp_noise import round_events
+from testbed.core.privacy.analysis.aircomp_noise import round_events
 from testbed.core.runs.faults import fault_point
 from testbed.core.runs.interrupts import StopSignals
 from testbed.core.stage_timer import StageTimer

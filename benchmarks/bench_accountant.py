@@ -24,7 +24,8 @@ Workloads (``--scenarios``):
 
 The optimised accountants run at ``--devices`` x ``--rounds`` (default 1,000 x 30, with the
 replay about a minute here; ``--full``: 1,000 x 1,000, the issue's size, about 15 minutes,
-most of it ``device-fading``); the unoptimised ones (:mod:`testbed.core.privacy.reference`:
+most of it ``device-fading``); the unoptimised ones
+(:mod:`testbed.core.privacy.accountants.reference`:
 every device composes its own events, coefficient lists summed on every question) run at
 ``--baseline-devices`` x ``--baseline-rounds`` together with the optimised ones at that same
 size, and every device's final epsilons are compared (``identical``). Ratios:
@@ -67,13 +68,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.bench_figures import Figure, figure  # noqa: E402
 from testbed.core.privacy import BudgetGuard, RecordEvent, UploadEvent  # noqa: E402
-from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE, Ledger  # noqa: E402
-from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal  # noqa: E402
-from testbed.core.privacy.ledger_verified import verified_path  # noqa: E402
-from testbed.core.privacy.reference import (  # noqa: E402
+from testbed.core.privacy.accountants.reference import (  # noqa: E402
     ReferencePrivacyAccountant,
     ReferenceRecordAccountant,
 )
+from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE, Ledger  # noqa: E402
+from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal  # noqa: E402
+from testbed.core.privacy.ledger_verified import verified_path  # noqa: E402
 from testbed.core.privacy_book import PrivacyBook, make_accountants  # noqa: E402
 
 DELTA = 1e-5

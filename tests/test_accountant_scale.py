@@ -1,7 +1,7 @@
 """Accounting at scale: shared states, exact running sums and the fast ledger read.
 
 Every optimisation must give exactly what the unoptimised path gives
-(:mod:`testbed.core.privacy.reference`: each device composes its own events, coefficient
+(:mod:`testbed.core.privacy.accountants.reference`: each device composes its own events, coefficient
 lists summed with ``math.fsum``); the fast ledger read must read exactly what the full JSON
 parse reads, and report the same corruption.
 """
@@ -35,12 +35,15 @@ from testbed.core.privacy import (
     gaussian_epsilon_closed_form,
     upload_coefficient,
 )
+from testbed.core.privacy.accountants.reference import (
+    ReferencePrivacyAccountant,
+    ReferenceRecordAccountant,
+)
+from testbed.core.privacy.accountants.state_trie import StateTrie
+from testbed.core.privacy.analysis.exact_sum import ExactSum
 from testbed.core.privacy.events import EventError
-from testbed.core.privacy.exact_sum import ExactSum
 from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE
 from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal
-from testbed.core.privacy.reference import ReferencePrivacyAccountant, ReferenceRecordAccountant
-from testbed.core.privacy.state_trie import StateTrie
 from testbed.core.privacy_book import PrivacyBook, make_accountants
 
 DELTA = 1e-5
@@ -226,7 +229,7 @@ def test_devices_sampled_into_rounds_share_by_count() -> None:
         assert _same(acc.epsilon(device), plain.epsilon(device))
 
 
-@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.analysis.rdp.OrderAtEdgeWarning")
 def test_gate_is_exact_under_sharing() -> None:
     """The guard refuses exactly where the unoptimised accountant refuses, and no device
     passes its target: epsilon_if equals epsilon after add bit for bit."""

@@ -10,11 +10,11 @@ from dataclasses import replace
 import dp_accounting
 import pytest
 
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
 from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.analysis.record_rdp import ORDERS
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.ledger import Ledger
-from testbed.core.privacy.record_accountant import RecordAccountant
-from testbed.core.privacy.record_rdp import ORDERS
 
 DELTA = 1e-5
 C, B, Q, T = 1.0, 64.0, 0.05, 200

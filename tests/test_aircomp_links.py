@@ -200,7 +200,7 @@ def test_alignment_margin_closed_form() -> None:
 
 
 def test_the_shares_meet_the_target_with_the_margin() -> None:
-    from testbed.core.privacy.aircomp_noise import share_sigma
+    from testbed.core.privacy.analysis.aircomp_noise import share_sigma
 
     z, n, m, clip, batch = 1.3, 10, 0.8, 1.0, 50.0
     s = share_sigma(z, devices=n, colluding=2, example_clip=clip, expected_batch=batch,

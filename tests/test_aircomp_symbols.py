@@ -16,7 +16,7 @@ from radio.aircomp import (
     superpose,
 )
 from radio.analog import reals_to_symbols, symbols_to_reals
-from testbed.core.privacy.aircomp_noise import round_events, share_sigma
+from testbed.core.privacy.analysis.aircomp_noise import round_events, share_sigma
 
 
 def test_truncated_inversion_keeps_devices_within_their_power() -> None:

@@ -28,7 +28,7 @@ step = st.tuples(
 )
 
 
-@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.analysis.rdp.OrderAtEdgeWarning")
 @settings(max_examples=60, deadline=None)
 @given(
     mode=st.sampled_from(["paper", "strict"]),

@@ -191,7 +191,7 @@ def test_encode_exposes_integer_levels_on_the_grid() -> None:
 def test_fixed_scale_matches_the_aggregator_bound_and_holds() -> None:
     from edge_device.clipping import clip
     from testbed.core.compression_bounds import fixed_quantizer_scale
-    from testbed.core.privacy.strict import sparse_norm_bound
+    from testbed.core.privacy.analysis.strict import sparse_norm_bound
 
     rng = np.random.default_rng(4)
     d, l, z = 400, 40, 5.0

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from testbed.core.config.loader import load_experiment
 from testbed.core.privacy import Ledger
-from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
 from testbed.core.runs.rundir import RunDir, RunDirError, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import get_args
 
 from testbed.core import upload_events
+from testbed.core.privacy.accountants.record_accountant import RECORD_EVENT_TYPES
 from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.event_types import (
     DEVICE_CLASSES,
@@ -17,7 +18,6 @@ from testbed.core.privacy.event_types import (
     PrivacyEvent,
 )
 from testbed.core.privacy.ledger import EVENT_TYPES
-from testbed.core.privacy.record_accountant import RECORD_EVENT_TYPES
 
 
 def test_the_union_is_the_class_list() -> None:

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
 from testbed.core.privacy.events import DERIVED_STORE
 from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE, LedgerError
 from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal
 from testbed.core.privacy.ledger_shape import Shapes
-from testbed.core.privacy.record_accountant import RecordAccountant
 from testbed.core.privacy.record_events import RecordEvent
 
 WRITER = "0123456789abcdef"

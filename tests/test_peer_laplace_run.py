@@ -21,11 +21,11 @@ from edge_device.dp_trainer import RecordTrainer
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment
 from testbed.core.privacy import LaplaceRecordEvent, Ledger, RecordAccountant
-from testbed.core.privacy.record_device_level import device_level_epsilon
-from testbed.core.privacy.record_planning import (
+from testbed.core.privacy.accountants.record_planning import (
     calibrate_laplace_noise_multiplier,
     laplace_epsilon_for,
 )
+from testbed.core.privacy.analysis.record_device_level import device_level_epsilon
 from testbed.core.record_schemes import laplace_replies
 from testbed.runner import resume_experiment, run_experiment
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from testbed.core.privacy import pld_bounded
-from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
+from testbed.core.privacy.accountants.record_planning import record_epsilon_for
+from testbed.core.privacy.analysis import pld_bounded
 from testbed.core.privacy.record_events import RecordEvent
-from testbed.core.privacy.record_planning import record_epsilon_for
 
 REPO = Path(__file__).resolve().parents[1]
 DELTA = 1e-5

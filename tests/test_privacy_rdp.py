@@ -8,7 +8,7 @@ import warnings
 import mpmath
 import pytest
 
-from testbed.core.privacy.rdp import (
+from testbed.core.privacy.analysis.rdp import (
     OrderAtEdgeWarning,
     compose,
     convert,

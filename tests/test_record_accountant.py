@@ -29,7 +29,7 @@ from testbed.core.privacy import (
     record_epsilon_for,
     sgm_rdp,
 )
-from testbed.core.privacy.record_rdp import ORDERS, extended_orders, round_down
+from testbed.core.privacy.analysis.record_rdp import ORDERS, extended_orders, round_down
 
 DELTA = 1e-5
 
@@ -300,7 +300,7 @@ def run_guarded(accountant: str, targets: list[float], schedule: list[tuple]) ->
     return acc
 
 
-@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.analysis.rdp.OrderAtEdgeWarning")
 @settings(max_examples=40, deadline=None)
 @given(targets=st.lists(st.floats(0.05, 8.0), min_size=3, max_size=3),
        schedule=schedule_strategy(30))
@@ -309,7 +309,7 @@ def test_gated_record_events_never_exceed_the_target_rdp(targets: list[float],
     run_guarded("rdp", targets, schedule)
 
 
-@pytest.mark.filterwarnings("ignore::testbed.core.privacy.rdp.OrderAtEdgeWarning")
+@pytest.mark.filterwarnings("ignore::testbed.core.privacy.analysis.rdp.OrderAtEdgeWarning")
 @settings(max_examples=6, deadline=None)
 @given(targets=st.lists(st.floats(0.05, 8.0), min_size=3, max_size=3),
        schedule=schedule_strategy(8))
@@ -442,7 +442,7 @@ def test_a_huge_noise_multiplier_is_accounted_as_the_largest_the_pld_engine_take
 ) -> None:
     """z beyond PLD_MAX_NOISE_MULTIPLIER (where dp_accounting overflows) is accounted as that
     z: a finite epsilon, no less than the one of the clamped z, and about 0."""
-    from testbed.core.privacy.record_compose import PLD_MAX_NOISE_MULTIPLIER
+    from testbed.core.privacy.analysis.record_compose import PLD_MAX_NOISE_MULTIPLIER
 
     acc = RecordAccountant("pld", DELTA)
     # z = 60 sigma = 6e154: its square overflows a float

@@ -21,7 +21,7 @@ from aggregator.solver.record_planner import (
 )
 from aggregator.solver.record_problem import RECORD_MARGIN, NoiseFloor, RecordProblem, RecordTerms
 from aggregator.solver.scenario import Scenario
-from testbed.core.privacy.record_planning import calibrate_noise_multiplier
+from testbed.core.privacy.accountants.record_planning import calibrate_noise_multiplier
 
 N = 4
 SIZES = (6000, 6000, 5000, 6000)

@@ -12,8 +12,8 @@ from aggregator.state import PaperAccountingWarning
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import load_experiment, load_hardware
 from testbed.core.privacy import Ledger, RecordEvent
-from testbed.core.privacy.record_accountant import RecordAccountant
-from testbed.core.privacy.record_device_level import device_level_epsilon
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
+from testbed.core.privacy.analysis.record_device_level import device_level_epsilon
 from testbed.core.record_schemes import resolve_record_uplinks
 from testbed.runner import run_experiment
 

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from testbed.core.privacy import replay_runs
-from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.accountants import replay_runs
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
+from testbed.core.privacy.accountants.replay_runs import advance_run, run_starts
 from testbed.core.privacy.record_events import RecordEvent
-from testbed.core.privacy.replay_runs import advance_run, run_starts
 
 
 def _event(t: int, d: int, dataset: int = 6000) -> RecordEvent:

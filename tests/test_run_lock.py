@@ -20,7 +20,7 @@ import pytest
 
 from testbed.core.config.loader import load_experiment
 from testbed.core.privacy import Ledger
-from testbed.core.privacy.record_accountant import RecordAccountant
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
 from testbed.core.runs.rundir import RunDir, RunDirError, lock_directory, read_jsonl
 from testbed.runner import resume_experiment, run_experiment
 

@@ -173,7 +173,7 @@ def testbed_epsilon(K: int, noise_multiplier: float, delta: float,
     import dp_accounting
     from dp_accounting import pld, rdp
 
-    from testbed.core.privacy.record_rdp import ORDERS
+    from testbed.core.privacy.analysis.record_rdp import ORDERS
 
     K = check_int("testbed_epsilon", "K", K, 1)
     z = check_real("testbed_epsilon", "noise_multiplier", noise_multiplier, 0.0, low_open=True)
@@ -218,9 +218,9 @@ def testbed_epsilon_subsampled(K: int, q: float, noise_multiplier: float, delta:
     Returns
     -------
     float
-        Epsilon from :func:`~testbed.core.privacy.record_planning.record_epsilon_for`.
+        Epsilon from :func:`~testbed.core.privacy.accountants.record_planning.record_epsilon_for`.
     """
-    from testbed.core.privacy.record_planning import record_epsilon_for
+    from testbed.core.privacy.accountants.record_planning import record_epsilon_for
 
     where = "testbed_epsilon_subsampled"
     K = check_int(where, "K", K, 1)

@@ -30,7 +30,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from aggregator.peers.checks import check_choice, check_int, check_real
-from testbed.core.privacy.record_planning import record_epsilon_for
+from testbed.core.privacy.accountants.record_planning import record_epsilon_for
 
 Mechanism = Literal["laplace", "gaussian"]
 ReplyCount = Literal["expected", "round_robin", "worst_case"]
@@ -236,7 +236,7 @@ def testbed_epsilon(*, mechanism: Mechanism, noise_scale: float, T: int, b: int,
         or ``2 clip / d_i`` (replace-one, the paper's). ``"gaussian"``: Poisson sampling at
         rate ``q``, ``N(0, noise_scale^2)``; each reply a Poisson-subsampled Gaussian of
         noise multiplier :func:`gaussian_noise_multiplier`, composed by the project's record
-        engines (:func:`~testbed.core.privacy.record_planning.record_epsilon_for`).
+        engines (:func:`~testbed.core.privacy.accountants.record_planning.record_epsilon_for`).
     noise_scale
         Laplace scale or Gaussian std on the averaged gradient, ``> 0``.
     T, b, N

@@ -134,7 +134,7 @@ def check_run_accepts(cfg: ExperimentConfig, sizes: list[int], scheme: str,
     PeerPlanRefused
         Above the config's target: the run would stop with ``budget_exhausted``.
     """
-    from testbed.core.privacy.record_planning import record_epsilon_for
+    from testbed.core.privacy.accountants.record_planning import record_epsilon_for
 
     q = cfg.batch_size / min(sizes) if cfg.privacy.secure_sampling else 1.0
     steps = int(overrides["rounds"]) * int(overrides["local_steps"])

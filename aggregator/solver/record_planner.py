@@ -4,7 +4,8 @@
 the quantized family), the uploads K and the per-device (alpha_i, sigma_i) of
 :class:`~aggregator.solver.record_problem.RecordProblem`, rounds to integers, and then
 checks the integer plan the way the run will: every device's epsilon after K rounds is
-composed by the run's own :class:`~testbed.core.privacy.record_accountant.RecordAccountant`
+composed by the run's own
+:class:`~testbed.core.privacy.accountants.record_accountant.RecordAccountant`
 from the :class:`~testbed.core.privacy.record_events.RecordEvent` the run will record at the
 plan's values; a plan whose epsilon exceeds the target is refused
 (:class:`PlanRefused`), never emitted.
@@ -71,7 +72,7 @@ def default_calibrator(
     terms: RecordTerms, epsilon: float, delta: float
 ) -> Callable[[float, int], float]:
     """``(q, K) -> z_min``: dp-accounting calibration to ``RECORD_MARGIN * epsilon``."""
-    from testbed.core.privacy.record_planning import calibrate_noise_multiplier
+    from testbed.core.privacy.accountants.record_planning import calibrate_noise_multiplier
 
     def calibrate(q: float, k: int) -> float:
         return calibrate_noise_multiplier(
@@ -101,8 +102,8 @@ def account_plan(
     Devices with identical events share one composition. ``credited`` is the trusted
     fraction the run will credit (0 for a scheme without credit or with a quantizer).
     """
-    from testbed.core.privacy.record_accountant import RecordAccountant
-    from testbed.core.privacy.record_device_level import device_level_epsilon
+    from testbed.core.privacy.accountants.record_accountant import RecordAccountant
+    from testbed.core.privacy.analysis.record_device_level import device_level_epsilon
     from testbed.core.privacy.record_events import RecordEvent
 
     s = scenario

@@ -147,7 +147,7 @@ def _number(text: str) -> int | float:
 
 
 #: --unit record: most steps composed (PLD memory is bounded whatever K, see
-#: testbed/core/privacy/pld_bounded.py; the time still grows about as log K).
+#: testbed/core/privacy/analysis/pld_bounded.py; the time still grows about as log K).
 MAX_RECORD_STEPS = 10_000_000
 #: Options of one unit that the other unit refuses (both default to None).
 _DEVICE_ONLY = ("sigma", "alpha", "h", "n0", "rounds", "l")
@@ -263,7 +263,7 @@ def _num(x: float) -> float | str:
 
 
 def _curve(args: argparse.Namespace) -> int:
-    from testbed.core.privacy.curve import Scheme, epsilon_over_gains
+    from testbed.core.privacy.analysis.curve import Scheme, epsilon_over_gains
 
     d = args.d
     l = max(1, round(0.1 * d)) if args.l is None else args.l

@@ -131,7 +131,7 @@ def credit_blocked(cfg: ExperimentConfig) -> str:
 
     The conditions are those the uplinks are resolved with
     (:func:`testbed.core.record_schemes.resolve_record_uplinks`: upload noise and no
-    quantizer; :mod:`testbed.core.privacy.strict`: no quantizer between the noise and the
+    quantizer; :mod:`testbed.core.privacy.analysis.strict`: no quantizer between the noise and the
     air). A plan decides its own credit (checked when it is loaded), so a config with a plan
     gives ``""``.
 

@@ -42,13 +42,13 @@ from testbed.core.privacy import (
     LedgerError,
     PrivacyAccountant,
 )
+from testbed.core.privacy.accountants.record_accountant import RecordAccountant
 from testbed.core.privacy.aircomp_events import AirCompEvent
+from testbed.core.privacy.analysis.record_epsilon import RECORD_ACCOUNTANTS
 from testbed.core.privacy.event_types import UNIT_CLASSES, PrivacyEvent
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.ledger import EVENT_TYPES, LedgerEntry, intents_path
 from testbed.core.privacy.ledger_parse import gc_paused
-from testbed.core.privacy.record_accountant import RecordAccountant
-from testbed.core.privacy.record_epsilon import RECORD_ACCOUNTANTS
 from testbed.core.runs.rundir import append_jsonl, atomic_write_bytes, read_jsonl
 
 #: Accountings kept side by side, per privacy unit; the first is the default enforced one.

@@ -25,7 +25,7 @@ never from the records a step sees. One record added or removed then moves the v
 most ``xi_1 / D_i`` in l1, so each reply is
 ``(xi_1 / (D_i s))``-DP; ``s`` is set so the ``ceil(b T / N)`` replies a device makes under
 round robin compose (basically, tight for pure DP) to the target
-(:func:`~testbed.core.privacy.record_planning.calibrate_laplace_noise_multiplier`). Each
+(:func:`~testbed.core.privacy.accountants.record_planning.calibrate_laplace_noise_multiplier`). Each
 reply is one :class:`~testbed.core.privacy.record_events.LaplaceRecordEvent`.
 
 The noise multiplier is calibrated per device with dp-accounting (in the enforced
@@ -46,11 +46,11 @@ from testbed.core.config.aircomp_checks import aircomp_colluding, aircomp_margin
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
-from testbed.core.privacy.aircomp_noise import share_sigma
-from testbed.core.privacy.record_planning import (
+from testbed.core.privacy.accountants.record_planning import (
     calibrate_laplace_noise_multiplier,
     calibrate_noise_multiplier,
 )
+from testbed.core.privacy.analysis.aircomp_noise import share_sigma
 from testbed.core.schemes import (
     SCHEMES,
     DeviceUplink,

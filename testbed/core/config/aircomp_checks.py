@@ -116,7 +116,7 @@ def check_aircomp_link(cfg: Any, hw: Any, link: str, *, lab: bool = False) -> No
 
 def aircomp_margin(cfg: Any, hw: Any) -> float:
     """The ``others_margin`` the noise shares are calibrated with
-    (:func:`testbed.core.privacy.aircomp_noise.share_sigma`): 1 on the symbol link (the
+    (:func:`testbed.core.privacy.analysis.aircomp_noise.share_sigma`): 1 on the symbol link (the
     paths are known), else what the pilots are expected to credit the device whose gain is
     least certain, after the burst timing error (:func:`radio.aircomp_air.binding_margin`,
     at :func:`expected_snrs_db`). A margin above what the pilots credit spends the budget

@@ -51,7 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from testbed.core.privacy.accountant import PrivacyAccountant
+from testbed.core.privacy.accountants.accountant import PrivacyAccountant
 from testbed.core.privacy.event_types import EVENT_CLASSES, PrivacyEvent, by_type_tag
 from testbed.core.privacy.events import UploadEvent
 from testbed.core.privacy.ledger_file import TornLineWarning, cut_torn, flocked, writer_of

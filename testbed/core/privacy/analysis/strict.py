@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import math
 
+from testbed.core.privacy.analysis.rdp import gaussian_rdp_coefficient, referred_noise_var
 from testbed.core.privacy.events import UploadEvent
-from testbed.core.privacy.rdp import gaussian_rdp_coefficient, referred_noise_var
 
 
 def masked_sensitivity(*, clip: float, d: int, l: int, clip_mode: str) -> float:

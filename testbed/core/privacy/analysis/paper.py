@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 
+from testbed.core.privacy.analysis.rdp import referred_noise_var
 from testbed.core.privacy.events import UploadEvent
-from testbed.core.privacy.rdp import referred_noise_var
 
 
 def kappa(*, d: int, l: int, q: int | None) -> float:

@@ -1,8 +1,8 @@
 """The unoptimised accountants: each device composes its own events, nothing is shared.
 
-This is how :class:`~testbed.core.privacy.accountant.PrivacyAccountant` and
-:class:`~testbed.core.privacy.record_accountant.RecordAccountant` composed before their states
-were shared and their sums kept exactly (docs/privacy.md, "Accounting at scale"): the
+This is how :class:`~testbed.core.privacy.accountants.accountant.PrivacyAccountant` and
+:class:`~testbed.core.privacy.accountants.record_accountant.RecordAccountant` composed before their
+states were shared and their sums kept exactly (docs/privacy.md, "Accounting at scale"): the
 device-level accountant keeps every coefficient and sums the list with ``math.fsum`` on
 every question; the record-level accountant keeps one state per device and composes each
 event's contribution onto it. Kept as the oracle of the tests
@@ -15,18 +15,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from testbed.core.privacy.accountant import EpsilonResult
-from testbed.core.privacy.events import UploadEvent
-from testbed.core.privacy.paper import paper_coefficient
-from testbed.core.privacy.rdp import gaussian_epsilon
-from testbed.core.privacy.record_epsilon import (
+from testbed.core.privacy.accountants.accountant import EpsilonResult
+from testbed.core.privacy.analysis.paper import paper_coefficient
+from testbed.core.privacy.analysis.rdp import gaussian_epsilon
+from testbed.core.privacy.analysis.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
     RecordEpsilon,
     epsilon_result,
     make_engine,
 )
+from testbed.core.privacy.analysis.strict import strict_coefficient
+from testbed.core.privacy.events import UploadEvent
 from testbed.core.privacy.record_events import LaplaceRecordEvent, RecordEvent
-from testbed.core.privacy.strict import strict_coefficient
 
 _COEFFICIENT = {"paper": paper_coefficient, "strict": strict_coefficient}
 
@@ -37,7 +37,7 @@ class ReferencePrivacyAccountant:
     Parameters
     ----------
     mode, delta, conversion
-        As for :class:`~testbed.core.privacy.accountant.PrivacyAccountant`.
+        As for :class:`~testbed.core.privacy.accountants.accountant.PrivacyAccountant`.
     """
 
     def __init__(self, mode: str = "strict", delta: float = 1e-5,
@@ -76,7 +76,7 @@ class ReferenceRecordAccountant:
     Parameters
     ----------
     accountant, delta, relation, z_resolution, pld_discretization
-        As for :class:`~testbed.core.privacy.record_accountant.RecordAccountant`.
+        As for :class:`~testbed.core.privacy.accountants.record_accountant.RecordAccountant`.
     """
 
     def __init__(self, accountant: str = "rdp", delta: float = 1e-5, *,

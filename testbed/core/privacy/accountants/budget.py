@@ -3,7 +3,8 @@
 The runner asks :meth:`BudgetGuard.allows` *before* a device transmits, with the event the
 upload will produce (for hardware links, where the channel is unknown until received, the
 event must credit no channel noise: ``trusted_channel_noise=0`` or ``n0=0``). Because
-:meth:`~testbed.core.privacy.accountant.PrivacyAccountant.epsilon_if` returns exactly what the
+:meth:`~testbed.core.privacy.accountants.accountant.PrivacyAccountant.epsilon_if` returns exactly
+what the
 accountant reports after ``add``, a device whose uploads are all gated by the guard never ends
 above its target.
 """

@@ -4,8 +4,8 @@ Each upload's RDP is ``a * c_k`` (every mechanism here is Gaussian), with ``c_k`
 from the upload's own event, i.e. with that round's realized (credited) channel gain: fading
 is accounted exactly, not in expectation. Composition over a device's uploads sums the
 ``c_k``: the value is ``math.fsum`` of the device's coefficients, kept as an exact running
-sum (:class:`~testbed.core.privacy.exact_sum.ExactSum`, bit-identical to ``fsum`` of the list
-at O(1) per upload), so :meth:`PrivacyAccountant.epsilon_if` returns bit-for-bit what
+sum (:class:`~testbed.core.privacy.analysis.exact_sum.ExactSum`, bit-identical to ``fsum`` of the
+list at O(1) per upload), so :meth:`PrivacyAccountant.epsilon_if` returns bit-for-bit what
 :meth:`PrivacyAccountant.epsilon` returns after :meth:`~PrivacyAccountant.add`.
 
 Epsilon is a pure function of ``(composed coefficient, delta, conversion)``; it is computed
@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.core.privacy.analysis.exact_sum import ExactSum
+from testbed.core.privacy.analysis.paper import paper_coefficient
+from testbed.core.privacy.analysis.rdp import CONVERSIONS, gaussian_epsilon
+from testbed.core.privacy.analysis.strict import strict_coefficient
 from testbed.core.privacy.events import CLIP_MODES, UploadEvent
-from testbed.core.privacy.exact_sum import ExactSum
-from testbed.core.privacy.paper import paper_coefficient
-from testbed.core.privacy.rdp import CONVERSIONS, gaussian_epsilon
-from testbed.core.privacy.strict import strict_coefficient
 
 MODES = ("paper", "strict")
 NOISE_POSITIONS = ("before", "after")
@@ -86,7 +86,8 @@ def _cached_gaussian_epsilon(coefficient: float, delta: float, conversion: str,
 def cached_gaussian_epsilon(
     *, coefficient: float, delta: float, conversion: str = "standard"
 ) -> tuple[float, float]:
-    """:func:`~testbed.core.privacy.rdp.gaussian_epsilon`, computed once per exact argument.
+    """:func:`~testbed.core.privacy.analysis.rdp.gaussian_epsilon`, computed once per exact
+    argument.
 
     The function is deterministic, so a cached value is the value; keys are the exact floats
     (``==``; ``0.0`` and ``-0.0`` give the same epsilon). An ``OrderAtEdgeWarning`` is issued

@@ -3,8 +3,8 @@
 The library searches a parameter with Brent's method on fresh ``dp_accounting``
 accountants and makes sure the point it returns does not exceed the target epsilon. To
 calibrate against *our* numbers (the same order grid, conversion, replace-one treatment and
-``z`` rounding as :func:`~testbed.core.privacy.record_planning.record_epsilon_for`), the fresh
-accountant is a thin adapter around our composition engine.
+``z`` rounding as :func:`~testbed.core.privacy.accountants.record_planning.record_epsilon_for`),
+the fresh accountant is a thin adapter around our composition engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import dp_accounting
 from dp_accounting import dp_event
 
-from testbed.core.privacy.record_compose import PldEngine, RdpEngine
+from testbed.core.privacy.analysis.record_compose import PldEngine, RdpEngine
 
 _MAX_DOUBLINGS = 60
 _RELATIVE_TOL = 1e-6

@@ -2,7 +2,7 @@
 
 A record-level state (an RDP curve, a PLD) is built by composing contributions one event at
 a time, and each contribution is a pure function of its key
-(:mod:`testbed.core.privacy.record_compose`), so the state after a sequence of events is a
+(:mod:`testbed.core.privacy.analysis.record_compose`), so the state after a sequence of events is a
 pure function of the sequence of keys. :class:`StateTrie` keeps each state once per distinct
 sequence: a :class:`Node` holds the state after its sequence, and its children are the
 states one key further. A device points at its node; when 1,000 devices make the same

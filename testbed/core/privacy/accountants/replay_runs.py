@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.privacy.accountants.state_trie import Node
 from testbed.core.privacy.events import DERIVED_STORE
-from testbed.core.privacy.state_trie import Node
 
 #: Runs shorter than this go event by event (the sort's fixed cost is larger there).
 MIN_RUN = 256

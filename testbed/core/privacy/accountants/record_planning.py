@@ -2,14 +2,14 @@
 a target epsilon: Poisson-subsampled Gaussian steps (:func:`record_epsilon_for`,
 :func:`calibrate_noise_multiplier`) and full-batch Laplace releases
 (:func:`laplace_epsilon_for`, :func:`calibrate_laplace_noise_multiplier`), with the same
-engines as :class:`~testbed.core.privacy.record_accountant.RecordAccountant`, so a plan
+engines as :class:`~testbed.core.privacy.accountants.record_accountant.RecordAccountant`, so a plan
 meets the budget the run enforces."""
 
 from __future__ import annotations
 
 import math
 
-from testbed.core.privacy.record_epsilon import (
+from testbed.core.privacy.analysis.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
     RecordEpsilon,
     check_delta,
@@ -64,7 +64,7 @@ def calibrate_noise_multiplier(*, q: float, steps: int, target_epsilon: float, d
     :func:`record_epsilon_for`, so ``record_epsilon_for(..., z=result)`` never exceeds
     ``target_epsilon``. Tolerance ``1e-6`` relative to the bracket.
     """
-    from testbed.core.privacy.record_calibration import calibrate
+    from testbed.core.privacy.analysis.record_calibration import calibrate
 
     check_delta("calibrate_noise_multiplier", delta)
     if isinstance(target_epsilon, bool) or not (

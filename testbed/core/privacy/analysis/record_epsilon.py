@@ -1,9 +1,9 @@
 """The record-level epsilon of one device (:class:`RecordEpsilon`), the accountants that
-compute it (``"rdp"``, ``"pld"``: :mod:`testbed.core.privacy.record_compose`'s engines, chosen
-and checked by name) and the step from an engine's composed state to the figure, shared by
-the accountant (:mod:`testbed.core.privacy.record_accountant`), the planning functions
-(:mod:`testbed.core.privacy.record_planning`) and the device-level figure
-(:mod:`testbed.core.privacy.record_device_level`)."""
+compute it (``"rdp"``, ``"pld"``: :mod:`testbed.core.privacy.analysis.record_compose`'s engines,
+chosen and checked by name) and the step from an engine's composed state to the figure, shared by
+the accountant (:mod:`testbed.core.privacy.accountants.record_accountant`), the planning functions
+(:mod:`testbed.core.privacy.accountants.record_planning`) and the device-level figure
+(:mod:`testbed.core.privacy.analysis.record_device_level`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.core.privacy.rdp import OrderAtEdgeWarning
-from testbed.core.privacy.record_compose import PldEngine, RdpEngine
+from testbed.core.privacy.analysis.rdp import OrderAtEdgeWarning
+from testbed.core.privacy.analysis.record_compose import PldEngine, RdpEngine
 from testbed.core.privacy.record_events import RELATIONS
 
 RECORD_ACCOUNTANTS = ("rdp", "pld")

@@ -14,7 +14,7 @@ the arguments the computation uses (``contribution(q, z, steps)`` is
 ``contribution_of(key(q, z, steps))``). Two events whose keys are equal (``==`` on the
 floats) therefore contribute bit-identical curves or distributions, and a composed state is
 a pure function of the sequence of keys composed: the accountant shares one state between
-devices whose sequences are equal (:mod:`testbed.core.privacy.state_trie`).
+devices whose sequences are equal (:mod:`testbed.core.privacy.accountants.state_trie`).
 
 * :class:`RdpEngine`: the state is the RDP curve on a fixed order grid (add/remove, both
   directions) plus, as its last entry, the order-infinity value (pure-DP epsilon: finite
@@ -24,7 +24,7 @@ devices whose sequences are equal (:mod:`testbed.core.privacy.state_trie`).
 * :class:`PldEngine`: the state is a ``dp_accounting`` privacy loss distribution (connect-
   the-dots, pessimistic discretization: an upper bound), composed incrementally; per-``(q, z,
   steps)`` distributions are cached. Memory is bounded whatever the number of steps or the
-  noise (:mod:`testbed.core.privacy.pld_bounded`): a PLD that would exceed
+  noise (:mod:`testbed.core.privacy.analysis.pld_bounded`): a PLD that would exceed
   ``MAX_PLD_POINTS`` grid points is built or composed on a grid ``2^j`` times coarser,
   losses rounded up, so epsilon stays an upper bound (a little looser there).
 
@@ -32,8 +32,8 @@ devices whose sequences are equal (:mod:`testbed.core.privacy.state_trie`).
 computed (``0``: exact), so that nearby noise levels share a cache entry; rounding down can
 only overstate epsilon. Laplace parameters are not rounded (one exact value per device and
 run, so the cache is hit anyway). Replace-one: RDP by the weak triangle inequality
-(:func:`~testbed.core.privacy.record_rdp.replace_one_rdp`); PLD by group privacy of the add/
-remove guarantee, ``(eps, d)`` for add/remove gives ``(2 eps, (1 + e^eps) d)`` for
+(:func:`~testbed.core.privacy.analysis.record_rdp.replace_one_rdp`); PLD by group privacy of the
+add/ remove guarantee, ``(eps, d)`` for add/remove gives ``(2 eps, (1 + e^eps) d)`` for
 replace-one (see docs/privacy.md, "Record-level privacy").
 """
 
@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.privacy import pld_bounded
-from testbed.core.privacy.record_rdp import (
+from testbed.core.privacy.analysis import pld_bounded
+from testbed.core.privacy.analysis.record_rdp import (
     ORDERS,
     extended_orders,
     rdp_to_epsilon,
@@ -83,7 +83,7 @@ PLD_MAX_NOISE_MULTIPLIER = 1e100
 
 
 class RdpEngine:
-    """RDP curves over :data:`~testbed.core.privacy.record_rdp.ORDERS`.
+    """RDP curves over :data:`~testbed.core.privacy.analysis.record_rdp.ORDERS`.
 
     Parameters
     ----------
@@ -213,7 +213,7 @@ class PldEngine:
 
     def _interval(self, width: float) -> float | None:
         """The grid for a PLD of support ``width`` nats: the engine's, or ``x 2^j`` coarser
-        so that it fits in :data:`~testbed.core.privacy.pld_bounded.MAX_PLD_POINTS`
+        so that it fits in :data:`~testbed.core.privacy.analysis.pld_bounded.MAX_PLD_POINTS`
         (``None``: no grid fits; epsilon is reported inf)."""
         j = pld_bounded.grid_exponent(width, self.discretization)
         return None if j is None else self.discretization * 2.0**j

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from radio.units import db_to_ratio
-from testbed.core.privacy.accountant import upload_coefficient
+from testbed.core.privacy.accountants.accountant import upload_coefficient
+from testbed.core.privacy.analysis.rdp import gaussian_epsilon
 from testbed.core.privacy.events import UploadEvent
-from testbed.core.privacy.rdp import gaussian_epsilon
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import functools
 import math
 from collections.abc import Iterable
 
+from testbed.core.privacy.analysis.exact_sum import ExactSum
+from testbed.core.privacy.analysis.record_epsilon import check_delta
 from testbed.core.privacy.event_types import RECORD_CLASSES, AnyRecordEvent
-from testbed.core.privacy.exact_sum import ExactSum
-from testbed.core.privacy.record_epsilon import check_delta
 from testbed.core.privacy.record_events import LaplaceRecordEvent
 
 _GAUSSIAN_DP_CACHE_SIZE = 65536
@@ -73,8 +73,8 @@ class DeviceLevelSum:
     """Running form of :func:`device_level_epsilon`: add events one by one, ask any time.
 
     The sums ``sum steps (D / z_eff)^2`` and ``sum xi_1 / s`` are kept exactly
-    (:class:`~testbed.core.privacy.exact_sum.ExactSum`, equal to ``math.fsum`` of the terms),
-    so the result does not depend on how the events were grouped or when it is asked.
+    (:class:`~testbed.core.privacy.analysis.exact_sum.ExactSum`, equal to ``math.fsum`` of the
+    terms), so the result does not depend on how the events were grouped or when it is asked.
     """
 
     __slots__ = ("_gaussian", "_pure", "unbounded")

@@ -6,8 +6,8 @@ sampling) and noise multiplier ``z_eff`` (artificial plus credited channel noise
 round's realized channel), so heterogeneous sequences compose exactly, event by event.
 Accountants: ``"rdp"`` (Renyi DP curves, dp_accounting's conversion) and ``"pld"`` (privacy
 loss distributions, tighter). The device-level figure of the same run
-(:func:`~testbed.core.privacy.record_device_level.device_level_epsilon`) and the figure with
-no channel credit are reported beside it: a record-level epsilon says nothing about a
+(:func:`~testbed.core.privacy.analysis.record_device_level.device_level_epsilon`) and the figure
+with no channel credit are reported beside it: a record-level epsilon says nothing about a
 device's whole data set.
 
 :class:`~testbed.core.privacy.record_events.LaplaceRecordEvent` (004's full-batch Laplace
@@ -18,12 +18,12 @@ the same for both mechanisms.
 
 At scale (docs/privacy.md §11): a device's state is a pure function of the sequence of its
 events' contribution keys, so devices with the same sequence share one state and one
-converted epsilon (:class:`~testbed.core.privacy.state_trie.StateTrie`): 1,000 devices making
-the same upload cost one composition, bit for bit what each would have composed alone.
+converted epsilon (:class:`~testbed.core.privacy.accountants.state_trie.StateTrie`): 1,000 devices
+making the same upload cost one composition, bit for bit what each would have composed alone.
 
 The figure's type and the engines behind it are in
-:mod:`~testbed.core.privacy.record_epsilon`; one-shot epsilons of identical releases and the
-noise that meets a target in :mod:`~testbed.core.privacy.record_planning`.
+:mod:`~testbed.core.privacy.analysis.record_epsilon`; one-shot epsilons of identical releases and
+the noise that meets a target in :mod:`~testbed.core.privacy.accountants.record_planning`.
 """
 
 from __future__ import annotations
@@ -33,21 +33,21 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.privacy.accountants.replay_runs import advance_run, run_starts
+from testbed.core.privacy.accountants.state_trie import Node, StateTrie
 from testbed.core.privacy.aircomp_events import AirCompEvent
-from testbed.core.privacy.event_types import RECORD_CLASSES, AnyRecordEvent, by_type_tag
-from testbed.core.privacy.events import EventError
-from testbed.core.privacy.record_compose import ContributionKey, RdpEngine
-from testbed.core.privacy.record_device_level import device_level_epsilon
-from testbed.core.privacy.record_epsilon import (
+from testbed.core.privacy.analysis.record_compose import ContributionKey, RdpEngine
+from testbed.core.privacy.analysis.record_device_level import device_level_epsilon
+from testbed.core.privacy.analysis.record_epsilon import (
     DEFAULT_PLD_DISCRETIZATION,
     RecordEpsilon,
     check_delta,
     epsilon_result,
     make_engine,
 )
+from testbed.core.privacy.event_types import RECORD_CLASSES, AnyRecordEvent, by_type_tag
+from testbed.core.privacy.events import EventError
 from testbed.core.privacy.record_events import LaplaceRecordEvent
-from testbed.core.privacy.replay_runs import advance_run, run_starts
-from testbed.core.privacy.state_trie import Node, StateTrie
 
 _STATE_VERSION = 1
 _STATE_KIND = "record-accountant"
@@ -210,7 +210,7 @@ class RecordAccountant:
         (:meth:`~testbed.core.privacy.events.JsonEvent.for_round_and_device`: one class,
         every field but round and device the same, one shared store of derived values) are
         checked and keyed once per run of them, and a run is composed at once
-        (:mod:`~testbed.core.privacy.replay_runs`)."""
+        (:mod:`~testbed.core.privacy.accountants.replay_runs`)."""
         events = events if isinstance(events, list) else list(events)
         starts = run_starts(events)
         trie, nodes, history = self._trie, self._nodes, self._events

@@ -38,9 +38,9 @@ from radio.units import ratio_to_db
 from testbed.core.config.aircomp_checks import aircomp_colluding
 from testbed.core.privacy.aircomp_events import AirCompEvent
 from testbed.core.privacy.analysis.aircomp_noise import round_events
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point
 from testbed.core.runs.interrupts import StopSignals
-from testbed.core.stage_timer import StageTimer
 
 
 class AirCompRound:

@@ -30,8 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from radio.link import Link, LinkError, Reception
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.interrupts import StopSignals
-from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import UploadHeader
 from testbed.core.upload_events import PrivacyEvent
 

@@ -12,8 +12,8 @@ from aggregator.aggregate import global_update
 from aggregator.evaluate import Evaluation, evaluate, sample_scores
 from aggregator.solver.calibration import smoothed_losses
 from aggregator.state import RunState
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.scheme_api import checked, scheme_of
-from testbed.core.stage_timer import StageTimer
 
 
 def reaches_target(state: RunState, losses: list[float]) -> bool:

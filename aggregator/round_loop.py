@@ -37,10 +37,10 @@ from aggregator.settle import settle, tally
 from aggregator.state import RunState
 from radio.analog import n_symbols_for
 from radio.link import Link
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point
 from testbed.core.runs.interrupts import StopSignals
 from testbed.core.seeding import Stream, experiment_generator
-from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 
 

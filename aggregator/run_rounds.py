@@ -20,8 +20,8 @@ from aggregator.round_loop import RoundLoop
 from aggregator.solver.calibration import uploads_to_target
 from aggregator.summary import summary as build_summary
 from radio.link import LinkFailed
-from testbed.core import startup_gc
-from testbed.core.process_clock import process_age_s
+from testbed.core.process import startup_gc
+from testbed.core.process.process_clock import process_age_s
 from testbed.core.runs.interrupts import StopSignals
 from testbed.core.runs.run_errors import TrainingDiverged
 

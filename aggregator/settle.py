@@ -36,8 +36,8 @@ from aggregator.state import RunState
 from radio.link import Link, LinkError, LinkFailed, Reception
 from radio.units import linear_to_db
 from testbed.core.masks import sparsify_mask
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point, log_air
-from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import UploadHeader
 from testbed.core.upload_events import PrivacyEvent
 

@@ -58,7 +58,7 @@ def summary(
 
     ``wall``: seconds of this process's rounds (``wall_time_s``). ``startup_s``: seconds
     from this process's start to its first round (imports, config, data, model, link;
-    :func:`testbed.core.process_clock.process_age_s`), kept as ``startup_s`` when known.
+    :func:`testbed.core.process.process_clock.process_age_s`), kept as ``startup_s`` when known.
     ``workers``, ``batch_devices``: how the devices trained (worker processes; devices
     trained together, ``compute.batch_devices`` resolved)."""
     metrics = state.rundir.metrics()

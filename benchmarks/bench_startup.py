@@ -5,7 +5,7 @@ Runs the default job (``testbed/config/default.yaml``: Fashion-MNIST, the MNIST 
 in-process symbol link) as a user does, ``testbed run --set rounds=1 --no-report
 --no-progress``, each in a fresh process, and reads ``startup_s`` from its
 ``summary.json``: the process's age when its first round began (imports, config, data set,
-model, link; :func:`testbed.core.process_clock.process_age_s`, to the kernel's 10 ms tick).
+model, link; :func:`testbed.core.process.process_clock.process_age_s`, to the kernel's 10 ms tick).
 
 The baseline is the floor every such process pays: a fresh interpreter that imports torch
 and numpy, its age read the same way right after. Runs and baselines alternate, so a busy
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("testbed", "edge_device", "aggregator", "radio")
 #: The baseline process: torch and numpy imported, then its age (s) printed.
 BASELINE_CODE = ("import torch, numpy\n"
-                 "from testbed.core.process_clock import process_age_s\n"
+                 "from testbed.core.process.process_clock import process_age_s\n"
                  "print(process_age_s())\n")
 
 

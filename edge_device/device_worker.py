@@ -27,12 +27,12 @@ from edge_device.uplink import EncodedUpload, UplinkEncoder, UplinkSettings
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.data.coded import CodedImages
 from testbed.core.models import n_params
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.runs.run_errors import TrainingDiverged
 from testbed.core.scheme_api import BuiltinScheme, checked, scheme_of
 from testbed.core.schemes import DeviceUplink
 from testbed.core.seeding import Stream, experiment_generator
-from testbed.core.stage_timer import StageTimer
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,11 @@ from testbed.core.compute import check_workers
 from testbed.core.config.errors import ConfigError
 from testbed.core.data.datasets import Dataset
 from testbed.core.links import make_link
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.runs.interrupts import StopSignals
 from testbed.core.secagg.aggregation import CARRIER as SECAGG_CARRIER
 from testbed.core.secagg.aggregation import secure_sum
-from testbed.core.stage_timer import StageTimer
 from testbed.core.upload_events import PrivacyEvent
 from testbed.parallel_training import TrainingPool, resolve_workers
 

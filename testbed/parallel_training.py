@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from edge_device.device_worker import Trained
-from testbed.core import startup_gc
-from testbed.core.blas_threads import limit_blas_threads
-from testbed.core.child_process import die_with_parent
+from testbed.core.process import startup_gc
+from testbed.core.process.blas_threads import limit_blas_threads
+from testbed.core.process.child_process import die_with_parent
 
 #: Makes (in a worker) the trainer of a device; ``(device, record settings) -> trainer``.
 TrainerFactory = Callable[[int, Any], Any]

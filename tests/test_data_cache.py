@@ -15,7 +15,7 @@ from testbed.core.data import cache
 from testbed.core.data.cache import CACHE_ENV, cache_root, read_entry, write_entry
 from testbed.core.data.coded import CodedImages
 from testbed.core.data.datasets import Dataset, load_dataset, load_test_set
-from testbed.core.process_clock import process_age_s
+from testbed.core.process.process_clock import process_age_s
 from tests.conftest import make_idx_dataset
 
 SPLITS = ("x_train", "y_train", "x_test", "y_test")

@@ -47,9 +47,9 @@ from testbed.core.config.hardware import HardwareConfig, device_radio, receiver_
 from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
 from testbed.core.links import waveform_params
 from testbed.core.privacy.ledger import intents_path
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.run_metadata import write_metadata
 from testbed.core.runs.rundir import RunDir
-from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.curve_keys import generate_keys
 from testbed.core.transport.protocol import (
     PROTOCOL_VERSION,

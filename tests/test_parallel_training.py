@@ -222,7 +222,7 @@ def test_blas_threads_follow_torch_threads() -> None:
 
     import numpy  # noqa: F401 - its OpenBLAS is what is limited
 
-    from testbed.core.blas_threads import limit_blas_threads, loaded_openblas
+    from testbed.core.process.blas_threads import limit_blas_threads, loaded_openblas
 
     libs = loaded_openblas()
     if not libs:

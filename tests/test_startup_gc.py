@@ -15,7 +15,7 @@ import pytest
 import aggregator.run_rounds as run_rounds
 from edge_device.device_worker import Trained
 from testbed.cli.main import main
-from testbed.core import startup_gc
+from testbed.core.process import startup_gc
 from testbed.parallel_training import TrainingPool
 
 

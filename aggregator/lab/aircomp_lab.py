@@ -56,9 +56,9 @@ from radio.aircomp_air import (
 from radio.analog import symbols_to_reals
 from radio.link import Link, LinkError
 from testbed.core.links import waveform_params
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point
 from testbed.core.runs.interrupts import StopSignals
-from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import Message
 
 if TYPE_CHECKING:

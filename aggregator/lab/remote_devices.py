@@ -56,9 +56,9 @@ from aggregator.state import RunState
 from radio.analog import n_symbols_for
 from radio.link import Link, LinkError, Reception
 from testbed.core.links import make_link
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point
 from testbed.core.runs.interrupts import StopSignals
-from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import Message, UploadHeader
 from testbed.core.upload_events import PrivacyEvent, event_channel
 

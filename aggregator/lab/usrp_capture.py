@@ -34,9 +34,9 @@ from radio.analog import n_symbols_for
 from radio.link import LinkError, LinkFailed, ReceiverGap, Reception
 from radio.tdma import Slot, schedule_window
 from testbed.core.links import waveform_params
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point
 from testbed.core.runs.interrupts import StopSignals
-from testbed.core.stage_timer import StageTimer
 from testbed.core.transport.protocol import Message
 
 log = logging.getLogger("testbed.aggregator")

@@ -29,9 +29,9 @@ from edge_device.lab.ledger_sync import mechanism_differs, own_event
 from edge_device.lab.replies import refuse, send, upload_fields
 from edge_device.lab.secagg_phases import begin_secagg
 from edge_device.lab.transmit import burst_samples, prepare_offset, transmit
+from testbed.core.process.stage_timer import StageTimer
 from testbed.core.runs.faults import fault_point, ready_delay_s
 from testbed.core.runs.rundir import atomic_write_bytes
-from testbed.core.stage_timer import StageTimer
 
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView

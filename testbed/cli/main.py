@@ -20,8 +20,8 @@ import sys
 from typing import NoReturn
 
 from testbed import __version__
-from testbed.core import startup_gc
 from testbed.core.config.errors import ConfigError
+from testbed.core.process import startup_gc
 from testbed.core.runs.faults import pause_point
 from testbed.core.runs.interrupts import sigterm_as_interrupt
 
@@ -32,7 +32,7 @@ EXIT_INTERRUPTED = 130
 OWN_SIGTERM = frozenset({"aggregator", "edge", "launch"})
 
 #: Commands whose process runs rounds: a process started by :func:`entry` collects no
-#: garbage until its first round begins (:mod:`testbed.core.startup_gc`).
+#: garbage until its first round begins (:mod:`testbed.core.process.startup_gc`).
 GC_PAUSED_TO_FIRST_ROUND = frozenset({"run"})
 
 #: Subcommand modules, in the order ``--help`` lists them.
@@ -114,7 +114,7 @@ def entry() -> NoReturn:
     :func:`main`, then the end of the process, without the interpreter's teardown where the
     command allowed it (:mod:`testbed.cli.quick_exit`). The garbage collector is paused
     from here to the first round of the commands that run rounds, and to the parsed command
-    line of the others (:mod:`testbed.core.startup_gc`)."""
+    line of the others (:mod:`testbed.core.process.startup_gc`)."""
     startup_gc.pause()
     code = main()
     from testbed.cli.quick_exit import finish

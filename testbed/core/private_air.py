@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed.core.child_process import die_with_parent
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.config.safe_yaml import dump_yaml_text
+from testbed.core.process.child_process import die_with_parent
 
 #: Seconds the air may take to print its start line (imports on a loaded machine).
 START_TIMEOUT_S = 120.0

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from testbed.core.child_process import die_with_parent
+from testbed.core.process.child_process import die_with_parent
 
 if TYPE_CHECKING:
     from testbed.core.config.experiment import ExperimentConfig

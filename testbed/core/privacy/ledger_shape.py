@@ -60,7 +60,7 @@ def gc_paused() -> Iterator[None]:
     Nothing read here forms a cycle, so reference counting frees what is dropped. When the
     collector is enabled again, the objects made meanwhile go straight to the oldest
     generation (``gc.freeze`` then ``gc.unfreeze``) or, when objects are frozen already
-    (:mod:`testbed.core.startup_gc`), join them in the permanent generation: else the first
+    (:mod:`testbed.core.process.startup_gc`), join them in the permanent generation: else the first
     young collection after the read walks every one of them (0.8 s after a read of 10^6
     lines).
     """

@@ -70,7 +70,7 @@ class AirCompRound:
         #: (``None``: 1, full power)
         self.planned_ratio: float | None = None
         if state.cfg.aircomp_plan is not None:
-            from testbed.core.aircomp_plan_file import checked_aircomp_plan
+            from testbed.core.config.aircomp_plan_file import checked_aircomp_plan
 
             self.planned_ratio = checked_aircomp_plan(state.cfg, state.d).amplitude_ratio
 

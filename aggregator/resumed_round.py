@@ -6,7 +6,7 @@ once and charged at most once.** A process that stopped mid-round (a kill, a pow
 leave an upload of the round in the ledger without its kept copy in ``inflight/``:
 
 * the kill came between the ledger record and the keep (fault point ``after_commit``);
-* an intent was journalled, so the next :class:`~testbed.core.privacy_book.PrivacyBook`
+* an intent was journalled, so the next :class:`~testbed.core.privacy.book.PrivacyBook`
   recorded it with its gated values: the upload may have gone on air (``after_intent``,
   ``after_transmit``, the lab's ``lab_after_request``);
 * a torn, not yet fsynced kept record was dropped (:mod:`testbed.core.runs.inflight`).
@@ -44,7 +44,7 @@ def recorded_in_round(book: Any, t: int, skip: set[int]
     Parameters
     ----------
     book
-        The run's :class:`~testbed.core.privacy_book.PrivacyBook` (``None``: no ledger, so
+        The run's :class:`~testbed.core.privacy.book.PrivacyBook` (``None``: no ledger, so
         nothing is recorded).
     t
         The round.

@@ -21,7 +21,7 @@ from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.data.datasets import Dataset
 from testbed.core.models import get_flat, n_params
-from testbed.core.privacy_book import PrivacyBook
+from testbed.core.privacy.book import PrivacyBook
 from testbed.core.process.blas_threads import limit_blas_threads
 from testbed.core.record_schemes import RecordSettings, check_delta_bound
 from testbed.core.run_setup import device_settings, initial_model

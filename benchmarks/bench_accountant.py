@@ -72,10 +72,10 @@ from testbed.core.privacy.accountants.reference import (  # noqa: E402
     ReferencePrivacyAccountant,
     ReferenceRecordAccountant,
 )
+from testbed.core.privacy.book import PrivacyBook, make_accountants  # noqa: E402
 from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE, Ledger  # noqa: E402
 from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal  # noqa: E402
 from testbed.core.privacy.ledger_verified import verified_path  # noqa: E402
-from testbed.core.privacy_book import PrivacyBook, make_accountants  # noqa: E402
 
 DELTA = 1e-5
 TARGET = 1e9  # never binding: every upload of the workload is composed

@@ -259,12 +259,12 @@ def plan_overrides(path: Path) -> list[str]:
     assumed is checked by the run (:func:`testbed.core.schemes.load_checked_plan`).
     """
     from aggregator.peers.plan_config import peer_plan_overrides
-    from testbed.core.plan_file import load_plan
+    from testbed.core.config.plan_file import load_plan
 
     peer = peer_plan_overrides(path)
     if peer is not None:  # a peer system's plan (testbed plan --scheme dp-pasgd)
         return peer
-    from testbed.core.aircomp_plan_file import aircomp_plan_overrides
+    from testbed.core.config.aircomp_plan_file import aircomp_plan_overrides
 
     air = aircomp_plan_overrides(path)
     if air is not None:  # testbed plan --scheme aircomp

@@ -41,10 +41,10 @@ from testbed.core.privacy.accountants.reference import (
 )
 from testbed.core.privacy.accountants.state_trie import StateTrie
 from testbed.core.privacy.analysis.exact_sum import ExactSum
+from testbed.core.privacy.book import PrivacyBook, make_accountants
 from testbed.core.privacy.events import EventError
 from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE
 from testbed.core.privacy.ledger_parse import GENESIS, LineParser, seal
-from testbed.core.privacy_book import PrivacyBook, make_accountants
 
 DELTA = 1e-5
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from testbed.cli.main import main
-from testbed.core.plan_file import load_plan
+from testbed.core.config.plan_file import load_plan
 
 COORD = ["--set", "clip.mode=coordinate", "--set", "privacy.unit=device",
          "--set", "privacy.accounting=paper"]

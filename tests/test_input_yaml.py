@@ -15,8 +15,8 @@ import pytest
 from aggregator.solver.from_config import read_calibration_betas, read_scenario_file
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.loader import dump_yaml, load_experiment, load_hardware
+from testbed.core.config.plan_file import load_plan
 from testbed.core.config.safe_yaml import MAX_YAML_BYTES, parse_yaml_text, read_yaml_mapping
-from testbed.core.plan_file import load_plan
 
 
 def _billion_laughs() -> str:

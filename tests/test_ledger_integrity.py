@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from testbed.core.privacy import Ledger, LedgerError, RecordEvent, TornLineWarning
+from testbed.core.privacy.book import PrivacyBook
 from testbed.core.privacy.ledger import EVENT_TYPES, HEADER_TYPE, rebuild_accountant
 from testbed.core.privacy.ledger_parse import GENESIS, LineParser
-from testbed.core.privacy_book import PrivacyBook
 
 DELTA = 1e-5
 HEADER = {"delta": DELTA, "accounting": "rdp", "epsilon_target": 1e6, "unit": "record",

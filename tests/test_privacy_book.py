@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from testbed.core.privacy import LedgerError, UploadEvent
-from testbed.core.privacy_book import PrivacyBook
+from testbed.core.privacy.book import PrivacyBook
 
 
 def _event(device: int, round_index: int, *, n0: float, trusted: float) -> UploadEvent:

@@ -10,7 +10,7 @@ import yaml
 
 from testbed.cli.main import main
 from testbed.core.config.errors import ConfigError
-from testbed.core.plan_file import load_plan, save_plan
+from testbed.core.config.plan_file import load_plan, save_plan
 
 LOGREG_D = 28 * 28 * 10 + 10
 DP_CLIP = [

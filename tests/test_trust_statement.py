@@ -25,7 +25,7 @@ from aggregator.solver.aircomp_plan import plan_aircomp
 from aggregator.state import ChannelOnlyNoiseWarning
 from testbed.cli.main import main
 from testbed.core.config.loader import load_experiment, load_hardware
-from testbed.core.plan_file import load_plan
+from testbed.core.config.plan_file import load_plan
 from testbed.core.record_schemes import RecordSettings
 from testbed.core.schemes import DeviceUplink
 from testbed.runner import run_experiment

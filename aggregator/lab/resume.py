@@ -6,7 +6,7 @@ answer to edges that join after its end.
 is in ``inflight/`` (kept right after each upload is recorded): the resumed round reuses
 those uploads, as ``testbed run`` does. A device whose upload of the round is in the ledger
 but not in ``inflight/`` (its intent was journalled, so the new
-:class:`~testbed.core.privacy_book.PrivacyBook` recorded it with its gated values; or the
+:class:`~testbed.core.privacy.book.PrivacyBook` recorded it with its gated values; or the
 crash came between the record and ``inflight/``) is lost for the round: charged once, not
 asked again (:mod:`aggregator.resumed_round`, the same rule as in one process). Devices not
 recorded are asked as usual, under fresh nonces. Every edge gets ``sync`` when the resumed

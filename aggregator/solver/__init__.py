@@ -2,8 +2,9 @@
 
 Entry points: :func:`aggregator.solver.planner.plan_scheme` (one scheme),
 :func:`aggregator.solver.baselines.plan_all` (EE-DP-FL and its peers),
-:class:`aggregator.solver.scenario.Scenario` (input), :class:`testbed.core.plan_file.Plan`
-with :func:`~testbed.core.plan_file.save_plan` / :func:`~testbed.core.plan_file.load_plan`
+:class:`aggregator.solver.scenario.Scenario` (input), :class:`testbed.core.config.plan_file.Plan`
+with :func:`~testbed.core.config.plan_file.save_plan` /
+:func:`~testbed.core.config.plan_file.load_plan`
 (output). Derivations and departures from the paper: docs/solver.md.
 
 Nothing is imported here: a run that only reads its loss curve

@@ -18,7 +18,7 @@ from __future__ import annotations
 from aggregator.solver.infeasible import InfeasibleError
 from aggregator.solver.planner import SCHEMES, plan_scheme
 from aggregator.solver.scenario import Scenario
-from testbed.core.plan_file import Plan
+from testbed.core.config.plan_file import Plan
 
 PEER_SCHEMES: tuple[str, ...] = ("ldp-fedavg", "s-dp-fl", "channel-dp")
 

@@ -27,7 +27,7 @@ from aggregator.solver.energy import comm_energy_per_upload, power_symbol
 from aggregator.solver.infeasible import diagnose
 from aggregator.solver.privacy_constraint import paper_epsilon
 from aggregator.solver.scenario import Scenario
-from testbed.core.plan_file import DevicePlan, Plan, SolverInfo
+from testbed.core.config.plan_file import DevicePlan, Plan, SolverInfo
 
 #: scheme -> (compression family, whether channel noise is credited)
 SCHEMES: dict[str, tuple[str, bool]] = {

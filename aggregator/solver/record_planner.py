@@ -53,7 +53,7 @@ from aggregator.solver.record_problem import (
     required_uploads,
 )
 from aggregator.solver.scenario import Scenario
-from testbed.core.plan_file import DevicePlan, Plan, RecordPlanInfo, SolverInfo
+from testbed.core.config.plan_file import DevicePlan, Plan, RecordPlanInfo, SolverInfo
 
 #: scheme -> candidate (family, credits channel) options
 RECORD_SCHEMES: dict[str, tuple[tuple[str, bool], ...]] = {

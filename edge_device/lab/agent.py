@@ -72,7 +72,7 @@ from edge_device.lab.transmit import AirFactory, open_air, open_transmitter
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.data.coded import take_rows
-from testbed.core.privacy_book import PrivacyBook
+from testbed.core.privacy.book import PrivacyBook
 from testbed.core.runs.rundir import RunDirError, atomic_write_bytes, lock_directory
 from testbed.core.transport.curve_client import CurveClient
 from testbed.core.transport.protocol import Message, ProtocolError, decode

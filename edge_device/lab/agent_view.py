@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from radio.time_sync import OffsetEstimate
     from radio.usrp_settings import DeviceRadio
     from testbed.core.config.experiment import ExperimentConfig
-    from testbed.core.privacy_book import PrivacyBook
+    from testbed.core.privacy.book import PrivacyBook
 
 
 @dataclass(frozen=True)

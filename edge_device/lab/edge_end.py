@@ -26,7 +26,7 @@ from testbed.core.runs.rundir import atomic_write_bytes
 if TYPE_CHECKING:
     from edge_device.lab.agent_view import AgentView
     from testbed.core.config.experiment import ExperimentConfig
-    from testbed.core.privacy_book import PrivacyBook
+    from testbed.core.privacy.book import PrivacyBook
 
 log = logging.getLogger("testbed.edge")
 
@@ -41,7 +41,7 @@ def open_edge_book(
 
     Opening it records any intent journalled before a crash with its gated values.
     """
-    from testbed.core.privacy_book import PrivacyBook
+    from testbed.core.privacy.book import PrivacyBook
 
     if cfg.scheme == "fedavg":
         return None, None

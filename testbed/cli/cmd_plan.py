@@ -97,7 +97,7 @@ def _margin(text: str) -> float:
 def _plan(args: argparse.Namespace) -> int:
     from aggregator.solver.baselines import PEER_SCHEMES, plan_all
     from aggregator.solver.from_config import read_scenario_file, scenario_from_config
-    from testbed.core.plan_file import save_plan
+    from testbed.core.config.plan_file import save_plan
 
     cfg = load_experiment(args.config, args.overrides)
     if args.scheme in ("dp-pasgd", "fedsgd-dpc", "zcdp-secagg"):

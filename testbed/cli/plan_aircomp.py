@@ -21,12 +21,12 @@ def plan_aircomp_command(args: argparse.Namespace, cfg: ExperimentConfig) -> int
     from radio.aircomp_air import PROBE_SYMBOLS
     from radio.analog import n_symbols_for
     from testbed.cli.model_size import count_params
-    from testbed.core.aircomp_plan_file import (
+    from testbed.core.config.aircomp_checks import aircomp_colluding
+    from testbed.core.config.aircomp_plan_file import (
         AirCompDevicePlan,
         AirCompPlanFile,
         save_aircomp_plan,
     )
-    from testbed.core.config.aircomp_checks import aircomp_colluding
     from testbed.core.config.errors import ConfigError
     from testbed.core.config.loader import load_hardware
     from testbed.core.record_schemes import record_norm_bound

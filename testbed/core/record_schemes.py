@@ -295,7 +295,7 @@ def resolve_record_uplinks(
             # each device's share of the aggregate noise; alpha is the per-round
             # pre-equalization c / h_hat, applied in the slot (docs/privacy.md section 12)
             if cfg.aircomp_plan is not None:  # testbed plan --scheme aircomp
-                from testbed.core.aircomp_plan_file import checked_aircomp_plan
+                from testbed.core.config.aircomp_plan_file import checked_aircomp_plan
 
                 sigma = checked_aircomp_plan(cfg, d).sigma
             else:

@@ -330,7 +330,7 @@ def load_checked_plan(cfg: ExperimentConfig, d: int) -> Any:
     the trusted fraction where credited, and per unit the clip bound (device) or the
     example clip, batch size, relation and secret sampling (record).
     """
-    from testbed.core.plan_file import load_plan
+    from testbed.core.config.plan_file import load_plan
 
     if cfg.plan is None:
         raise ValueError("load_checked_plan needs a config with a plan")

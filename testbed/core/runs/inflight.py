@@ -23,7 +23,7 @@ durable, no info and ``n_values`` = -1.
 Invariant (what a resume may rely on):
 
 1. **The ledger first.** An upload is kept only after its ledger record is durable
-   (:meth:`testbed.core.privacy_book.PrivacyBook.commit` fsyncs the ledger line before the
+   (:meth:`testbed.core.privacy.book.PrivacyBook.commit` fsyncs the ledger line before the
    round loop keeps the upload), so no kept record, durable or not, ever exists for an
    upload whose charge is not durable: a resume that reuses a kept upload without charging
    it again never uses an uncharged one. Deferring the kept copy's fsync changes nothing

@@ -121,7 +121,7 @@ class PrivacyBook:
             nonces = set(map(itemgetter(1), entries))  # LedgerEntry: (event, nonce)
             entries += self._recover_intents(nonces)  # adds the recovered nonces
             nonces.discard(None)
-            self._nonces: set[str] = nonces  # type: ignore[assignment]
+            self._nonces: set[str] = nonces
             events: list[PrivacyEvent] = list(map(itemgetter(0), entries))
             del entries
             event_class = self.event_class

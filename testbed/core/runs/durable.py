@@ -1,6 +1,6 @@
 """Making a file system change durable: the one fsync of a directory entry that the run
-directory (:mod:`testbed.core.runs.rundir`), its ``inflight/`` log (:mod:`testbed.core.runs.inflight`),
-the ledger and the key files all need."""
+directory (:mod:`testbed.core.runs.rundir`), its ``inflight/`` log
+(:mod:`testbed.core.runs.inflight`), the ledger and the key files all need."""
 
 from __future__ import annotations
 

@@ -294,14 +294,9 @@ def alignment_margin(snr_linear: float, confidence: float, kappa: float,
     """The ``(rho_lo / rho_hi)^2`` a round is expected to credit on a pilot-estimated path of
     receive SNR ``snr_linear`` (for calibrating the noise shares before any pilot), with
     :func:`expected_radius` and a tenth more for the spread of the residual. A round whose
-    pilots come out worse is refused by the budget gate, never over-credited."""
-    if not (snr_linear > 0 and 0 < confidence < 1 and 0 < kappa <= 1):
-        raise ValueError("need snr_linear > 0, confidence in (0, 1) and kappa in (0, 1]")
-    r = 1.1 * expected_radius(snr_linear, confidence, pilot_symbols)
-    if r >= 1:
-        raise ValueError(f"a pilot of {pilot_symbols} symbols at SNR {snr_linear:.3g} cannot "
-                         "bound the gain away from 0")
-    return (kappa * (1.0 - r) / (1.0 + r)) ** 2
+    pilots come out worse is refused by the budget gate, never over-credited. The case of
+    one SNR for every device of :func:`binding_margin`."""
+    return binding_margin([snr_linear, snr_linear], confidence, kappa, 1, pilot_symbols)
 
 
 def binding_margin(snrs_linear: Sequence[float], confidence: float, kappa: float,

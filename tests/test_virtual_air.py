@@ -176,25 +176,25 @@ def test_overlapping_bursts_superpose_and_name_each_other(tmp_path: Path) -> Non
     assert logged_summary["dropped"] == 0 and logged_summary["late"] == 0
 
 
-def test_a_burst_says_how_far_ahead_of_the_air_it_arrived(tmp_path: Path) -> None:
+def _air_rendered_to_1000(tmp_path: Path) -> tuple[VirtualAir, float, np.ndarray]:
+    """One quiet path ``tx0``, 1000 samples already rendered; the air, its rate and a burst
+    of 600 samples."""
     _, hw = hw_config(tmp_path, [{"serial": "tx0", "attenuation_db": 0.0}],
                       temperature_k=0.001)
-    fs = hw.sample_rate_hz
     air = VirtualAir(hw, log_dir=tmp_path, t0_true_s=T0, warn=lambda m: None)
     render(air, 1000)
-    x = random_burst(600, 1e-3, 4)
+    return air, hw.sample_rate_hz, random_burst(600, 1e-3, 4)
+
+
+def test_a_burst_says_how_far_ahead_of_the_air_it_arrived(tmp_path: Path) -> None:
+    air, fs, x = _air_rendered_to_1000(tmp_path)
     early = air.add_burst(header("tx0", T0 + 1500 / fs, x, fs), x)   # 500 samples ahead
     assert early["late_to_air_samples"] == 0
     assert early["ahead_of_air_s"] == pytest.approx(500 / fs)
 
 
 def test_late_past_and_unknown_bursts(tmp_path: Path) -> None:
-    _, hw = hw_config(tmp_path, [{"serial": "tx0", "attenuation_db": 0.0}],
-                      temperature_k=0.001)
-    fs = hw.sample_rate_hz
-    air = VirtualAir(hw, log_dir=tmp_path, t0_true_s=T0, warn=lambda m: None)
-    render(air, 1000)
-    x = random_burst(600, 1e-3, 4)
+    air, fs, x = _air_rendered_to_1000(tmp_path)
     rec = air.add_burst(header("tx0", T0 + 700 / fs, x, fs), x)      # 300 samples late
     assert rec["late_to_air_samples"] == 300
     assert rec["ahead_of_air_s"] == pytest.approx(-300 / fs)

@@ -9,7 +9,7 @@ from scipy import stats
 from radio.estimation import estimate_from_pilots, smooth_gains
 from radio.framing import WaveformParams, build_frame, frame_layout, zadoff_chu
 from radio.modem import Demodulated, demodulate, modulate, pulse_taps
-from radio.pulse import matched_filter, rrc_taps, sample_at
+from radio.pulse import Interpolant, matched_filter, rrc_taps, sample_at
 from radio.sync import SyncError
 
 
@@ -121,6 +121,27 @@ def test_sample_at_is_band_limited_interpolation() -> None:
     f = np.fft.fftfreq(mf.size)
     ref = np.fft.ifft(np.fft.fft(mf) * np.exp(2j * np.pi * f * shift))[1000:5000]
     assert np.mean(np.abs(fine - ref) ** 2) / np.mean(np.abs(ref) ** 2) < 1e-4
+
+
+def test_interpolant_is_numpy_interp_between_the_fine_samples() -> None:
+    """``Interpolant.at`` is linear between the upsampled samples exactly as
+    ``numpy.interp`` on the unit grid (bit for bit, the span's ends included), without
+    copying the whole fine signal per call."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        n = int(rng.integers(60, 4000))
+        x = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+        first, last = rng.uniform(0, n / 3), rng.uniform(2 * n / 3, n - 1)
+        interp = Interpolant(x, first, last)
+        lo, hi = interp.lo, interp.lo + (interp.fine.size - 1) / interp.upsample
+        pos = np.concatenate([rng.uniform(lo, hi, 300), [lo, hi, np.floor(hi)]])
+        at = (pos - interp.lo) * interp.upsample
+        grid = np.arange(interp.fine.size, dtype=np.float64)
+        ref = (np.interp(at, grid, interp.fine.real)
+               + 1j * np.interp(at, grid, interp.fine.imag))
+        assert np.array_equal(interp.at(pos), ref)
+    with pytest.raises(ValueError, match="outside the interpolated span"):
+        interp.at(np.array([hi + 1.0]))
 
 
 def test_pilot_noise_interval_is_exact_chi_square() -> None:

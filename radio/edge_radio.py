@@ -125,6 +125,9 @@ class TxReport:
         When the burst ends on this host's clock (s).
     late_before
         The transmitter's count of late bursts before this one was handed over.
+    slack_s
+        How long before that time the flowgraph had taken the whole burst (s): the part of
+        ``lead_s`` the hand-over did not use (negative: it took the burst after its time).
     """
 
     device: int
@@ -136,6 +139,7 @@ class TxReport:
     timing_uncertainty_s: float
     end_host_s: float = 0.0
     late_before: int = 0
+    slack_s: float = 0.0
 
 
 class EdgeTransmitter:
@@ -306,12 +310,13 @@ class EdgeTransmitter:
         if hand_over_late:
             time.sleep(max(0.0, lead + shift_s) + 0.05)
         stream.send(scaled, t_usrp, f"device {r.device}", wait_s=max(lead, 1.0))
+        slack = t_usrp - (self.clock() + mapping.offset_s)
         airtime = x.size / r.sample_rate_hz
         return TxReport(
             device=r.device, n_samples=int(x.size), airtime_s=airtime,
             tx_power_w=power_w, tx_time_usrp_s=t_usrp, lead_s=lead,
             timing_uncertainty_s=uncertainty, end_host_s=t_usrp + airtime - mapping.offset_s,
-            late_before=late_before,
+            late_before=late_before, slack_s=slack,
         )
 
     def confirm(self, report: TxReport) -> None:

@@ -53,7 +53,7 @@ def _junk(rng: random.Random, device: int) -> list[bytes]:
                   "alpha": 1.0}
         on_air = rng.random() < 0.5
         report = {"airtime_s": 0.01, "tx_power_w": 0.1, "tx_time_usrp_s": 5.0,
-                  "timing_uncertainty_s": 1e-3} if on_air else None
+                  "timing_uncertainty_s": 1e-3, "slack_s": 0.1} if on_air else None
         return encode("upload", {"device": device, "round": 900, "nonce": "replayed",
                                  "header": header, "n_symbols": n, "symbol_energy": 1.0,
                                  "train_loss": 0.5, "energy_comp_j": 0.1,

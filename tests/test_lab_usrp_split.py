@@ -231,7 +231,7 @@ REPORT = {
     "airtime_s": 0.06,
     "tx_power_w": 0.0997,
     "tx_time_usrp_s": 12.5,
-    "timing_uncertainty_s": 1.1e-3,
+    "timing_uncertainty_s": 1.1e-3, "slack_s": 0.2,
 }
 
 
@@ -711,6 +711,7 @@ def test_aggregator_settles_on_air_uploads_with_the_captured_reception(tmp_path:
                 "tx_power_w": report.tx_power_w,
                 "tx_time_usrp_s": report.tx_time_usrp_s,
                 "timing_uncertainty_s": report.timing_uncertainty_s,
+                "slack_s": report.slack_s,
             },
             **over,
         }

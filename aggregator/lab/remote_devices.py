@@ -296,7 +296,11 @@ class RemoteDevices:
         for i in order:
             self._send_round(t, i, nonces[i], asked[i], weights, await_slot=True)
         ready, refused = timer.timed("train", lambda: capture.await_ready(t, nonces, stop))
-        slots = capture.schedule(t, ready, allowance_s=capture.slot_lead_s)
+        lead_s = capture.lead.next_s()
+        if capture.lead.history:
+            log.info("round %d: slot lead %.3f s (the last rounds' bursts used up to %.3f s "
+                     "of theirs)", t, lead_s, max(capture.lead.history))
+        slots = capture.schedule(t, ready, allowance_s=lead_s)
         for i in ready:
             nonce = journal(i, asked[i], nonces[i]) or nonces[i]
             self._pending[i] = (nonce, asked[i])
@@ -318,7 +322,9 @@ class RemoteDevices:
             receptions, self._failure = capture.capture(
                 t, slots, self._pending, answers, self.take, stop, timer)
             self._round_fields["tdma_guard_s"] = next(iter(slots.values())).guard_s
+            self._round_fields["slot_lead_s"] = lead_s
             self.collect(t, answers, time.monotonic() + capture.answer_grace_s, stop)
+            capture.note_misses(t, slots, answers, receptions)
         for i in order:
             if i in self._settled:
                 yield Answered(i, None, Settled(self._settled[i]))

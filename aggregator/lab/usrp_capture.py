@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.lab.control_plane import ControlPlane
+from aggregator.lab.slot_lead import SlotLead
 from aggregator.lab.usrp_split import (
     CAPTURE_MARGIN_S,
     ReceiverFactory,
@@ -74,8 +75,11 @@ class SlotCapture:
         self.train_allowance_s = train_allowance_s
         #: Each device's last reported timing uncertainty (s), for the guard.
         self.timing_uncertainty_s: dict[int, float] = {}
-        #: Seconds from the ``slot`` messages to the first slot of a paced round.
+        #: Seconds from the ``slot`` messages to the first slot of a paced round: the
+        #: hardware config's (the most any round is given; AirComp's slots always).
         self.slot_lead_s = slot_lead_s(state.hw)
+        #: The lead of each TDMA round, sized from what the bursts used of it.
+        self.lead = SlotLead(self.slot_lead_s)
         #: Rounds in a row whose every captured window a gap in the stream took.
         self.gap_rounds = 0
 
@@ -131,7 +135,8 @@ class SlotCapture:
         guard = round_guard_s(self.timing_uncertainty_s, order, hw.usrp.time_source,
                               receiver_uncertainty_s=receiver.timing_uncertainty_s)
         sizes = n_payload or {i: self.n_payload(i) for i in order}
-        slots = round_slots(order, sizes, waveform_params(hw), guard, receiver.now_s(),
+        now = receiver.now_s()
+        slots = round_slots(order, sizes, waveform_params(hw), guard, now,
                             self.train_allowance_s if allowance_s is None else allowance_s)
         w0, w1 = schedule_window(slots)
         ring = receiver.radio.ring_seconds
@@ -140,7 +145,22 @@ class SlotCapture:
                              f"{w1 - w0:.3f} s; the receiver holds {ring:g} s")
         log.info("round %d: %d slots from %.3f s to %.3f s, guard %.2f ms", t, len(slots),
                  w0, w1, 1e3 * guard)
+        for s in slots:
+            self.lead.set_given(s.device, s.start_s - now)
         return {s.device: s for s in slots}
+
+    def note_misses(self, t: int, slots: dict[int, Slot], answers: dict[int, Message],
+                    receptions: dict[int, Reception | LinkError]) -> None:
+        """Round ``t``'s slots are settled: a device given a slot that withdrew its burst
+        (``refuse``) or whose window held no frame sets the next round's lead back to the
+        configured one (:meth:`aggregator.lab.slot_lead.SlotLead.missed`)."""
+        missed = sorted(i for i in slots
+                        if (i in answers and answers[i].type == "refuse")
+                        or isinstance(receptions.get(i), LinkError))
+        if missed:
+            log.info("round %d: devices %s missed or lost their slots: the next slot lead is "
+                     "the configured %.3f s", t, missed, self.slot_lead_s)
+            self.lead.missed()
 
     def capture(
         self, t: int, slots: dict[int, Slot], pending: dict[int, Any],
@@ -269,5 +289,6 @@ class SlotCapture:
                         "hardware config's waveform is not the run's", t, i,
                         report["airtime_s"], slot_burst)
         self.timing_uncertainty_s[i] = float(report["timing_uncertainty_s"])
+        self.lead.report(i, float(report["slack_s"]))
         return float(report["tx_power_w"]) * float(report["airtime_s"]), \
             self.timing_uncertainty_s[i]

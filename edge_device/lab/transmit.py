@@ -187,6 +187,7 @@ def transmit(
             "airtime_s": float(report.airtime_s), "tx_power_w": float(report.tx_power_w),
             "tx_time_usrp_s": float(report.tx_time_usrp_s),
             "timing_uncertainty_s": float(report.timing_uncertainty_s),
+            "slack_s": float(report.slack_s),
         },
     }, b"")
     agent.uploads += 1

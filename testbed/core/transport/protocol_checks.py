@@ -21,6 +21,7 @@ from testbed.core.transport.protocol_schema import (
     MAX_LIST,
     MAX_PARAMS,
     MAX_ROUND,
+    MAX_SLACK_S,
     MAX_STR,
     MAX_SYMBOLS,
     MAX_TIMING_UNCERTAINTY_S,
@@ -225,6 +226,7 @@ def _check_tx_report(on_air: bool, report: dict[str, Any] | None) -> None:
         "airtime_s": (0.0, MAX_AIRTIME_S),
         "tx_power_w": (0.0, MAX_TX_POWER_W),
         "timing_uncertainty_s": (0.0, MAX_TIMING_UNCERTAINTY_S),
+        "slack_s": (-MAX_SLACK_S, MAX_SLACK_S),
     }
     for key, (low, high) in bounds.items():
         if not low <= report[key] <= high:

@@ -19,7 +19,12 @@ MAX_TX_POWER_W = 100.0
 #: Fields of a ``round``'s ``aircomp`` (all floats; ``alpha`` as real and imaginary parts).
 AIRCOMP_ROUND_KEYS = ("alpha_re", "alpha_im", "amplitude", "signal_power")
 #: Fields of an ``upload``'s ``tx_report`` (what the edge's transmitter did; seconds, watts).
-TX_REPORT_KEYS = ("airtime_s", "tx_power_w", "tx_time_usrp_s", "timing_uncertainty_s")
+#: ``slack_s``: how long before ``tx_time`` the radio had the whole burst (the part of the
+#: slot's lead the hand-over left; negative when late), for the next round's lead.
+TX_REPORT_KEYS = ("airtime_s", "tx_power_w", "tx_time_usrp_s", "timing_uncertainty_s",
+                  "slack_s")
+#: Largest ``tx_report.slack_s`` magnitude (s): an edge refuses bursts due further ahead.
+MAX_SLACK_S = 60.0
 #: Secure aggregation (:mod:`testbed.core.secagg`) on the wire, in lower-case hex digits:
 #: an X25519 public key (32 bytes), an AES-GCM nonce (12 bytes), an encrypted pair of Shamir
 #: ordinates (2 x 66 bytes plus the 16-byte tag) and one Shamir ordinate (66 bytes).

@@ -34,7 +34,7 @@ Derivation and the limits (how weak a colliding frame can be and still be found)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +43,6 @@ from scipy.fft import next_fast_len
 
 from radio.framing import WaveformParams, zadoff_chu
 from radio.modem import pulse_taps
-from radio.pulse import matched_filter
-from radio.sync import correct_cfo
 
 #: Coarse frequency hypotheses across the receiver's range ``+- fs / (2 P)``: the capture is
 #: corrected at each, leaving at most ``fs / (2 P COARSE_STEPS)`` within one repetition (a
@@ -115,7 +113,8 @@ def false_alarm_probability(params: WaveformParams, threshold: float) -> float:
 def preamble_statistic(
     samples: np.ndarray, params: WaveformParams, roots: Iterable[int],
 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """The detection statistic of each root at every lag, best over the frequency hypotheses.
+    """The detection statistic of each root at every lag, best over the frequency hypotheses
+    (:class:`PreambleScan` fed the whole capture at once).
 
     Parameters
     ----------
@@ -134,65 +133,158 @@ def preamble_statistic(
         frequency hypothesis that scored it (Hz). Empty arrays where ``samples`` is shorter
         than one preamble.
     """
-    root_list = sorted(set(int(r) for r in roots))
-    r = np.asarray(samples, dtype=np.complex128)
-    sps = params.samples_per_symbol
-    L = params.zc_length
-    R = params.preamble_repeats
-    period = L * sps
-    span = (L - 1) * sps + 1  # one repetition's symbols, in samples
-    taps = pulse_taps(params)
-    n_lag = r.size + taps.size - 1 - (R - 1) * period - span + 1
-    out = {root: (np.zeros(max(n_lag, 0)), np.zeros(max(n_lag, 0))) for root in root_list}
-    if n_lag <= 0 or not root_list:
-        return out
-    fs = params.sample_rate_hz
-    coarse_range = fs / (2 * period)
-    coarse = np.linspace(-coarse_range, coarse_range, 2 * COARSE_STEPS + 1)[1::2]
-    fine_half = coarse_range / COARSE_STEPS
-    fine = np.linspace(-fine_half, fine_half, FINE_STEPS)
-    # (F, R): the repetitions' weights of each residual offset. The correlations are
-    # computed in single precision (rho is compared with thresholds near 0.4; the statistic
-    # moves by under 1e-6): it halves the search's time.
-    combine = np.exp(-2j * np.pi * np.outer(fine, np.arange(R)) * period / fs
-                     ).astype(np.complex64)
-    tail = (R - 1) * period + span - 1  # samples past a lag that its statistic reads
-    nfft = next_fast_len(min(n_lag, _BLOCK_LAGS) + tail)
-    block = nfft - tail
-    refs = np.zeros((len(root_list), span), dtype=np.complex128)
-    for j, root in enumerate(root_list):
-        refs[j, ::sps] = zadoff_chu(L, root)
-    ref_spectra = np.conj(sp_fft.fft(refs, nfft, axis=-1)).astype(np.complex64)  # (roots, nfft)
-    best2 = np.zeros((len(root_list), n_lag))
-    at = np.zeros((len(root_list), n_lag))
-    for f0 in coarse:
-        mf = matched_filter(correct_cfo(r, float(f0), fs), taps)
-        # R L |X|^2 / rho^2: the energy under the R L preamble symbols at each lag
-        norm = (R * L) * _strided_sums(np.abs(mf) ** 2, sps, R * L)[:n_lag]
-        inv = 1.0 / np.maximum(norm, 1e-300)
-        mf32 = mf.astype(np.complex64)
-        for a in range(0, n_lag, block):
-            b = min(block, n_lag - a)
-            spectrum = sp_fft.fft(mf32[a : a + b + tail], nfft)
-            c_all = sp_fft.ifft(spectrum * ref_spectra, axis=-1)  # (roots, nfft)
+    r = np.asarray(samples)
+    scan = PreambleScan(params, roots, r.size)
+    scan.feed(r)
+    return scan.result()
+
+
+def search_roots(params: WaveformParams, roots: Iterable[int]) -> list[int]:
+    """The roots :func:`find_preambles` searches for ``roots``: those and the postamble's
+    (its repetitions leak into other roots as a preamble does, see :data:`CROSSTALK_RHO`,
+    so where it is must be known), ascending."""
+    return sorted(set(int(r) for r in roots) | {params.postamble_root})
+
+
+class PreambleScan:
+    """:func:`preamble_statistic` of a capture of ``n_samples`` fed piece by piece, in time
+    order (a receiver searching a round's capture while its later slots are on the air).
+
+    The lags are searched in blocks of :data:`_BLOCK_LAGS`, each as soon as the samples it
+    reads are in (its lags, the preamble after them and the pulse before them); the blocks
+    and their arithmetic are the same however the capture is cut, so the statistic is bit
+    for bit the one of the whole capture at once.
+
+    Parameters
+    ----------
+    params
+        The waveform (its ``zc_root`` is ignored: ``roots`` are searched).
+    roots
+        Zadoff-Chu roots.
+    n_samples
+        The capture's length (samples).
+    """
+
+    def __init__(self, params: WaveformParams, roots: Iterable[int], n_samples: int) -> None:
+        self.root_list = sorted(set(int(r) for r in roots))
+        self.params = params
+        self.n_samples = int(n_samples)
+        sps = params.samples_per_symbol
+        L = params.zc_length
+        R = params.preamble_repeats
+        self.period = L * sps
+        span = (L - 1) * sps + 1  # one repetition's symbols, in samples
+        self.taps = pulse_taps(params)
+        self.n_lag = max(self.n_samples + self.taps.size - 1 - (R - 1) * self.period - span + 1,
+                         0)
+        fs = params.sample_rate_hz
+        coarse_range = fs / (2 * self.period)
+        self.coarse = np.linspace(-coarse_range, coarse_range, 2 * COARSE_STEPS + 1)[1::2]
+        fine_half = coarse_range / COARSE_STEPS
+        fine = np.linspace(-fine_half, fine_half, FINE_STEPS)
+        # (F, R): the repetitions' weights of each residual offset. The correlations are
+        # computed in single precision (rho is compared with thresholds near 0.4; the
+        # statistic moves by under 1e-6): it halves the search's time.
+        self.combine = np.exp(-2j * np.pi * np.outer(fine, np.arange(R)) * self.period / fs
+                              ).astype(np.complex64)
+        #: Matched-filter samples past a lag that its statistic reads.
+        self.tail = (R - 1) * self.period + span - 1
+        self.nfft = next_fast_len(min(max(self.n_lag, 1), _BLOCK_LAGS) + self.tail)
+        self.block = self.nfft - self.tail
+        refs = np.zeros((len(self.root_list), span), dtype=np.complex128)
+        for j, root in enumerate(self.root_list):
+            refs[j, ::sps] = zadoff_chu(L, root)
+        self.ref_spectra = np.conj(sp_fft.fft(refs, self.nfft, axis=-1)).astype(np.complex64)
+        self.best2 = np.zeros((len(self.root_list), self.n_lag))
+        self.at = np.zeros((len(self.root_list), self.n_lag))
+        self.samples = np.zeros(self.n_samples, dtype=np.complex128)
+        #: Samples fed so far, and lags searched so far.
+        self.filled = 0
+        self.searched = 0
+
+    def feed(self, samples: np.ndarray) -> None:
+        """The capture's next samples, shape ``(m,)``; searches every block they complete.
+
+        Raises
+        ------
+        ValueError
+            More samples than the capture holds.
+        """
+        x = np.asarray(samples)
+        if self.filled + x.size > self.n_samples:
+            raise ValueError(f"samples: {self.filled + x.size} fed to a capture of "
+                             f"{self.n_samples}")
+        self.samples[self.filled : self.filled + x.size] = x
+        self.filled += x.size
+        complete = self.filled == self.n_samples
+        # A lag's statistic reads matched-filter samples up to lag + tail, which read the
+        # capture up to the same index (the pulse reaches back): in once fed that far.
+        ready = self.n_lag if complete else min(self.n_lag, self.filled - self.tail)
+        while self.searched < self.n_lag and self.searched < ready:
+            b = min(self.block, self.n_lag - self.searched)
+            if self.searched + b > ready:
+                break  # a block is searched whole, as from the whole capture
+            self._search(self.searched, b)
+            self.searched += b
+
+    def holds_start_of(self, samples: np.ndarray, roots: Sequence[int]) -> bool:
+        """Whether this scan searches ``roots`` (ascending) over a capture of
+        ``samples``' length and was fed exactly its first samples."""
+        x = np.asarray(samples)
+        return (self.root_list == list(roots) and self.n_samples == x.size
+                and bool(np.array_equal(self.samples[: self.filled], x[: self.filled])))
+
+    def result(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """``{root: (rho, cfo_hz)}`` as :func:`preamble_statistic` returns them.
+
+        Raises
+        ------
+        ValueError
+            The capture is not all fed yet.
+        """
+        if self.filled != self.n_samples:
+            raise ValueError(f"the scan has {self.filled} of {self.n_samples} samples")
+        return {root: (np.sqrt(np.minimum(self.best2[j], 1.0)), self.at[j])
+                for j, root in enumerate(self.root_list)}
+
+    def _search(self, a: int, b: int) -> None:
+        """The statistic at lags ``a .. a + b - 1``."""
+        params = self.params
+        sps = params.samples_per_symbol
+        R, L = params.preamble_repeats, params.zc_length
+        fs = params.sample_rate_hz
+        ntaps = self.taps.size
+        # mf[k] (the full convolution) reads the capture at k - ntaps + 1 .. k: zeros before
+        # its start and after its end.
+        lo, hi = a - (ntaps - 1), a + b + self.tail
+        seg = np.zeros(hi - lo, dtype=np.complex128)
+        src0, src1 = max(lo, 0), min(hi, self.n_samples)
+        seg[src0 - lo : src1 - lo] = self.samples[src0:src1]
+        n = np.arange(lo, hi)
+        from scipy import signal  # imported on use, as radio.pulse: 0.6 s for every CLI process
+        for f0 in self.coarse:
+            corrected = seg * np.exp(-2j * np.pi * float(f0) / fs * n)
+            mf = signal.oaconvolve(corrected, self.taps, mode="valid")  # mf[a : hi]
+            # R L |X|^2 / rho^2: the energy under the R L preamble symbols at each lag
+            norm = (R * L) * _strided_sums(np.abs(mf) ** 2, sps, R * L)[:b]
+            inv = 1.0 / np.maximum(norm, 1e-300)
+            spectrum = sp_fft.fft(mf.astype(np.complex64), self.nfft)
+            c_all = sp_fft.ifft(spectrum * self.ref_spectra, axis=-1)  # (roots, nfft)
             for j, c in enumerate(c_all):
                 x2 = None
-                for weights in combine:
+                for weights in self.combine:
                     x = weights[0] * c[:b]
                     for k in range(1, R):
-                        x += weights[k] * c[k * period : k * period + b]
+                        x += weights[k] * c[k * self.period : k * self.period + b]
                     m2 = x.real**2
                     m2 += x.imag**2
                     x2 = m2 if x2 is None else np.maximum(x2, m2, out=x2)
                 assert x2 is not None
-                rho2 = x2 * inv[a : a + b]
-                best, where = best2[j, a : a + b], at[j, a : a + b]
+                rho2 = x2 * inv
+                best, where = self.best2[j, a : a + b], self.at[j, a : a + b]
                 better = rho2 > best
                 best[better] = rho2[better]
                 where[better] = f0
-    for j, root in enumerate(root_list):
-        out[root] = (np.sqrt(np.minimum(best2[j], 1.0)), at[j])
-    return out
 
 
 def _strided_sums(x: np.ndarray, step: int, count: int) -> np.ndarray:
@@ -210,7 +302,7 @@ def _strided_sums(x: np.ndarray, step: int, count: int) -> np.ndarray:
 
 def find_preambles(
     samples: np.ndarray, params: WaveformParams, roots: Iterable[int],
-    threshold: float | None = None,
+    threshold: float | None = None, scan: PreambleScan | None = None,
 ) -> list[FoundPreamble]:
     """Every frame of each root in ``roots`` whose preamble lies whole in ``samples``.
 
@@ -224,6 +316,10 @@ def find_preambles(
         Zadoff-Chu roots to look for.
     threshold
         Minimum ``rho``; default :func:`detection_threshold` for this search.
+    scan
+        The statistic of ``samples`` searched already, or part of it (:func:`search_roots`
+        of ``roots``, fed ``samples`` from their start): fed the rest and used. ``None``:
+        searched here.
 
     Returns
     -------
@@ -232,9 +328,16 @@ def find_preambles(
         than a preamble's length are one frame (the best kept).
     """
     wanted = sorted(set(int(r) for r in roots))
-    # The postamble's root is searched too: its repetitions leak into other roots as a
-    # preamble does (see CROSSTALK_RHO), so where it is must be known.
-    stats = preamble_statistic(samples, params, [*wanted, params.postamble_root])
+    searched = search_roots(params, wanted)
+    r = np.asarray(samples)
+    if scan is None:
+        scan = PreambleScan(params, searched, r.size)
+    elif not scan.holds_start_of(r, searched):
+        raise ValueError(f"scan: of roots {scan.root_list} over {scan.n_samples} samples, "
+                         f"fed {scan.filled}; not the start of these samples ({r.size}, "
+                         f"roots {searched})")
+    scan.feed(r[scan.filled :])
+    stats = scan.result()
     n = int(np.asarray(samples).size)
     t = detection_threshold(params, n, len(wanted)) if threshold is None else threshold
     sps = params.samples_per_symbol

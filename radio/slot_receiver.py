@@ -27,7 +27,7 @@ from radio.frame_link import Carried, FrameLink
 from radio.framing import WaveformParams, device_waveform
 from radio.link import LinkError, LinkFailed, ReceiverGap, Reception
 from radio.modem import frame_samples
-from radio.preamble_search import find_preambles
+from radio.preamble_search import PreambleScan, find_preambles, search_roots
 from radio.tdma import Slot, schedule_window
 from radio.time_sync import OffsetEstimate
 from radio.uhd_probe import find_usrps
@@ -191,9 +191,7 @@ class SlotReceiver:
         if w0 + shift < stream.start_time:
             raise LinkError(f"{where}: schedule starts at USRP time {w0 + shift:.3f} s, before "
                             f"the receiver's stream ({stream.start_time:.3f} s)")
-        n = int(math.ceil((w1 - w0) * fs))
-        bounds = {s.device: (int(round((s.window_start_s - w0) * fs)),
-                             min(int(round((s.window_end_s - w0) * fs)), n)) for s in slots}
+        n, bounds = self.capture_layout(slots)
         wait = max(0.0, w1 + shift - usrp_now) + timeout_s
         lost: dict[int, ReceiverGap] = {}
         try:
@@ -219,6 +217,31 @@ class SlotReceiver:
         except LinkError as exc:
             raise LinkError(f"{where}: capture lost: {exc}") from exc
         return capture, bounds, lost
+
+    def capture_layout(self, slots: Sequence[Slot]) -> tuple[int, dict[int, tuple[int, int]]]:
+        """The capture of ``slots``: its length (samples, from the first window's start to
+        the last one's end) and each device's window in it, ``{device: (first, end)}``."""
+        fs = self.radio.sample_rate_hz
+        w0, w1 = schedule_window(slots)
+        n = int(math.ceil((w1 - w0) * fs))
+        return n, {s.device: (int(round((s.window_start_s - w0) * fs)),
+                              min(int(round((s.window_end_s - w0) * fs)), n)) for s in slots}
+
+    def capture_start(self, slots: Sequence[Slot], mapping: OffsetEstimate,
+                      n: int, timeout_s: float = 5.0) -> np.ndarray:
+        """The first ``n`` samples of the capture of ``slots`` (as :meth:`capture` reads it
+        with ``mapping``), waiting until they have been received.
+
+        Raises
+        ------
+        ReceiverGap, LinkError, LinkFailed
+            As :meth:`window_of`.
+        """
+        shift = 0.0 if self.radio.shared_time else mapping.offset_s
+        w0, _ = schedule_window(slots)
+        end = w0 + n / self.radio.sample_rate_hz
+        wait = max(0.0, end + shift - (self.clock() + mapping.offset_s)) + timeout_s
+        return self._stream().read_at(w0 + shift, n, wait)
 
     def decode(
         self, window: np.ndarray, n_payload: int, *, device: int, round_index: int
@@ -260,6 +283,7 @@ class SlotReceiver:
     def collisions(
         self, capture: np.ndarray, bounds: Mapping[int, tuple[int, int]],
         n_payload: Mapping[int, int], *, missing: Sequence[tuple[int, int]] = (),
+        scan: PreambleScan | None = None,
     ) -> dict[int, int]:
         """The devices whose frame another device's frame overlaps: ``{device: other}``.
 
@@ -285,9 +309,17 @@ class SlotReceiver:
             Ranges ``(first, end)`` of ``capture`` that hold no samples (windows lost in a
             gap of the stream, read as zeros): a frame found overlapping one is ignored
             (the search's normalised correlation peaks falsely at the edge of zeros).
+        scan
+            The search of the capture's start, made while the slots went by
+            (:meth:`collision_scan`); used where it holds exactly the capture's first
+            samples and its roots, else the capture is searched here.
         """
         root_of = {d: device_waveform(self.waveform, d).zc_root for d in bounds}
-        found = find_preambles(capture, self.waveform, set(root_of.values()))
+        roots = set(root_of.values())
+        if scan is not None and not scan.holds_start_of(
+                capture, search_roots(self.waveform, roots)):
+            scan = None
+        found = find_preambles(capture, self.waveform, roots, scan=scan)
         sps = self.waveform.samples_per_symbol
         edge = self.waveform.guard_symbols * sps  # zeros at each end of a burst
         length = {root: max(frame_samples(self.waveform, n_payload[d])
@@ -306,6 +338,13 @@ class SlotReceiver:
                     out[device] = min(d for d in root_of if root_of[d] == root)
                     break
         return out
+
+    def collision_scan(self, slots: Sequence[Slot]) -> PreambleScan:
+        """An empty search of the capture of ``slots`` for their devices' roots, to be fed
+        the capture's start as it comes in (:class:`RoundReception`)."""
+        n, _ = self.capture_layout(slots)
+        roots = {device_waveform(self.waveform, s.device).zc_root for s in slots}
+        return PreambleScan(self.waveform, search_roots(self.waveform, roots), n)
 
     def start_round(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], *, round_index: int = 0,
@@ -375,11 +414,12 @@ class SlotReceiver:
     def settle_round(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], round_index: int,
         decoded: Callable[[int, np.ndarray], Reception | LinkError],
-        mapping: OffsetEstimate | None = None,
+        mapping: OffsetEstimate | None = None, scan: PreambleScan | None = None,
     ) -> dict[int, Reception | LinkError]:
         """:meth:`receive_all` with each window's decoding from ``decoded(device, window)``
         (a decode already under way: :class:`RoundReception`), the capture placed with
-        ``mapping`` (default: measured now)."""
+        ``mapping`` (default: measured now), the collision search continued from ``scan``
+        where it holds the capture's start (:meth:`collisions`)."""
         out: dict[int, Reception | LinkError] = {}
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
@@ -390,7 +430,8 @@ class SlotReceiver:
         # collided is decoded for nothing and its result dropped.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collisions") as pool:
             search = pool.submit(self.collisions, capture, bounds, n_payload,
-                                 missing=[bounds[d] for d in lost])
+                                 missing=[bounds[d] for d in lost],
+                                 scan=None if lost else scan)
             results: dict[int, Reception | LinkError] = {}
             for device, (i0, i1) in bounds.items():
                 if device not in lost:
@@ -461,10 +502,18 @@ class RoundReception:
                                         thread_name_prefix="decode")
         self._decodes: dict[int, Future[Reception | LinkError]] = {}
         self._stop = threading.Event()
+        ordered = sorted(slots, key=lambda s: s.window_start_s)
         self._thread = threading.Thread(
-            target=self._read_windows, args=(sorted(slots, key=lambda s: s.window_start_s),),
+            target=self._read_windows, args=(ordered,),
             name=f"windows-{round_index}", daemon=True)
         self._thread.start()
+        #: The collision search of the whole schedule's capture, fed window by window.
+        self.scan = receiver.collision_scan(ordered)
+        self._slots = frozenset(s.device for s in ordered)
+        self._scanner = threading.Thread(
+            target=self._scan_capture, args=(ordered,),
+            name=f"collisions-{round_index}", daemon=True)
+        self._scanner.start()
 
     def _decode(self, device: int, window: np.ndarray) -> Reception | LinkError:
         try:
@@ -489,10 +538,37 @@ class RoundReception:
                 return
             self._decodes[slot.device] = self._pool.submit(self._decode, slot.device, window)
 
+    def _scan_capture(self, slots: list[Slot]) -> None:
+        """Feed the collision search the capture's start as each window comes in (the
+        capture's first samples up to that window's end, read as :meth:`finish` reads the
+        whole; the search takes only what is new). Stops at the first error: the search
+        then finishes from the capture."""
+        _, bounds = self.receiver.capture_layout(slots)
+        for slot in slots:
+            if self._stop.is_set():
+                return
+            end = bounds[slot.device][1]
+            if end <= self.scan.filled:
+                continue
+            try:
+                start = self.receiver.capture_start(slots, self.mapping, end)
+            except LinkError:
+                return
+            self.scan.feed(start[self.scan.filled :])
+
     def finish(self, slots: Sequence[Slot]) -> dict[int, Reception | LinkError]:
         """The round's receptions for ``slots`` (those that may have transmitted), as
         :meth:`SlotReceiver.receive_all` returns them; raises as it does."""
         self._thread.join()
+        # The search made while the slots went by is of the whole schedule's capture: of
+        # use when every slot is settled here (a refused device's window shortens it).
+        if {s.device for s in slots} == self._slots:
+            self._scanner.join()
+            scan: PreambleScan | None = self.scan
+        else:
+            self._stop.set()
+            self._scanner.join()
+            scan = None
 
         def decoded(device: int, window: np.ndarray) -> Reception | LinkError:
             future = self._decodes.get(device)
@@ -501,10 +577,11 @@ class RoundReception:
             return future.result()
 
         return self.receiver.settle_round(slots, self.n_payload, self.round_index, decoded,
-                                          self.mapping)
+                                          self.mapping, scan)
 
     def cancel(self) -> None:
         """Stop reading windows and drop the decodes not started. Idempotent."""
         self._stop.set()
         self._thread.join()
+        self._scanner.join()
         self._pool.shutdown(wait=True, cancel_futures=True)

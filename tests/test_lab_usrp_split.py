@@ -30,6 +30,7 @@ from aggregator.lab.usrp_split import (
     burst_seconds,
     round_guard_s,
     round_slots,
+    slot_lead_s,
 )
 from aggregator.settle import settle
 from edge_device.lab.agent import EdgeAgent, EdgeError
@@ -212,16 +213,20 @@ def _receiver_factory(air: _Air, clock: _Clock, usrp_minus_host: float = -1.7e9 
         log_dir: Path | None,
         clock: Callable[[], float],
     ) -> SlotReceiver:
+        stream = _AirRx(air, rx_clock, usrp_minus_host)
+        streams.append(stream)
         return SlotReceiver(
             receiver_radio(hw),
             waveform_params(hw),
             confidence=confidence,
             record_dir=record_dir,
             clock=clock,
-            stream=_AirRx(air, rx_clock, usrp_minus_host),
+            stream=stream,
         )
 
     rx_clock = clock
+    streams: list[_AirRx] = []
+    factory.streams = streams  # type: ignore[attr-defined]
     return factory
 
 
@@ -807,12 +812,18 @@ def test_lab_run_over_the_split_usrp_link_with_stand_in_radios(tmp_path: Path) -
         round_timeout_s=20.0,
         join_timeout_s=120.0,
         train_allowance_s=4.0,
-        receiver_factory=_receiver_factory(air, agg),
+        receiver_factory=(receivers := _receiver_factory(air, agg)),
         clock=agg,
     )
     for th in threads:
         th.join(30)
     assert summary["status"] == "completed" and summary["rounds_completed"] == 2, summary
+    # each round's collision search was fed the capture's start while the slots went by
+    # (reads of the capture's first samples, shorter than the whole), then the whole
+    starts: dict[float, set[int]] = {}
+    for t, n in receivers.streams[0].reads:
+        starts.setdefault(round(t, 9), set()).add(n)
+    assert sum(len(ns) >= 2 for ns in starts.values()) == 2, starts
     assert summary["link"] == "usrp" and summary["lost_uploads"] == 0
     assert codes == {0: 0, 1: 0}
     for agent, ahead in zip(agents, (2.5, -4.0), strict=True):
@@ -825,6 +836,8 @@ def test_lab_run_over_the_split_usrp_link_with_stand_in_radios(tmp_path: Path) -
             assert 0 < dev["timing_uncertainty_s"] < 5e-3
             airtime = burst_seconds(waveform_params(hw), n_symbols_for(21840))
             assert 0 < dev["energy_comm_j"] <= hw.usrp.max_tx_power_w * airtime
+    # the configured slot lead until rounds have reported (aggregator/lab/slot_lead.py)
+    assert [line["slot_lead_s"] for line in lines] == [slot_lead_s(hw)] * 2
     # round 0's guard is the conservative start; round 1's is sized from the reports
     assert lines[0]["tdma_guard_s"] == pytest.approx(
         2 * INITIAL_TIMING_UNCERTAINTY_S + BURST_START_JITTER_S

@@ -17,10 +17,12 @@ from radio.preamble_search import (
     CROSSTALK_RHO,
     FALSE_ALARM,
     FINE_STEPS,
+    PreambleScan,
     detection_threshold,
     false_alarm_probability,
     find_preambles,
     preamble_statistic,
+    search_roots,
 )
 from tests.radio_helpers import unit_payload
 
@@ -152,3 +154,42 @@ def test_no_other_root_in_clean_frames_of_every_root() -> None:
 def test_short_buffers_hold_no_frame() -> None:
     assert find_preambles(np.zeros(100, dtype=complex), WF, [1, 2]) == []
     assert find_preambles(np.zeros(10_000, dtype=complex), WF, []) == []
+
+
+def test_a_scan_fed_piece_by_piece_is_the_whole_capture_s_statistic_bit_for_bit() -> None:
+    """The receiver searches a round's capture while its later slots are on the air: fed in
+    any pieces (down to single samples, across block boundaries), the statistic and the
+    frames found are those of the whole capture at once, and a scan that does not hold the
+    capture's start is refused."""
+    rng = np.random.default_rng(8)
+    frames = [(_frame(d, 4000, rng), 3000 + 26000 * d, 1.0, 150.0 * d) for d in range(3)]
+    x = _place(90000, frames, 0.01, rng)
+    roots = search_roots(WF, [device_waveform(WF, d).zc_root for d in range(3)])
+    whole = preamble_statistic(x, WF, roots)
+    for cuts in ([], [1, 2, 3, 17000, 17001, 52000], sorted(rng.integers(0, x.size, 20))):
+        scan = PreambleScan(WF, roots, x.size)
+        edges = [0, *cuts, x.size]
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            scan.feed(x[a:b])
+            if scan.filled < x.size:  # only the lags whose samples are in
+                assert scan.searched <= max(0, scan.filled - scan.tail)
+        got = scan.result()
+        for root in roots:
+            assert np.array_equal(got[root][0], whole[root][0])
+            assert np.array_equal(got[root][1], whole[root][1])
+    wanted = [device_waveform(WF, d).zc_root for d in range(3)]
+    part = PreambleScan(WF, roots, x.size)
+    part.feed(x[:40000])
+    assert part.searched > 0
+    assert find_preambles(x, WF, wanted, scan=part) == find_preambles(x, WF, wanted)
+    assert [f.start for f in find_preambles(x, WF, wanted)] == [3000, 29000, 55000]
+    other = x.copy()
+    other[100] += 1.0
+    stale = PreambleScan(WF, roots, x.size)
+    stale.feed(other[:1000])
+    with pytest.raises(ValueError, match="not the start of these samples"):
+        find_preambles(x, WF, wanted, scan=stale)
+    with pytest.raises(ValueError, match="fed to a capture of"):
+        PreambleScan(WF, roots, 10).feed(x[:11])
+    with pytest.raises(ValueError, match="has 1000 of"):
+        stale.result()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -231,3 +232,55 @@ def test_exact_bernoulli_exp(num: int, den: int) -> None:
     hits = sum(noise._bernoulli_exp(num, den) for _ in range(n))
     p = math.exp(-num / den)
     assert abs(hits - n * p) <= 6 * math.sqrt(n * p * (1 - p)) + 1e-9
+
+
+def test_long_reads_are_a_chacha20_keystream_keyed_from_urandom_for_that_read_alone(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of at least DRBG_MIN_BYTES is the RFC 8439 keystream (block counter 0) under the
+    256-bit key and 96-bit nonce that os.urandom gave for it; shorter reads are os.urandom
+    itself. Two reads never share a key."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    seeds: list[bytes] = []
+    real = noise.os.urandom
+
+    def urandom(k: int) -> bytes:
+        seeds.append(real(k))
+        return seeds[-1]
+
+    monkeypatch.setattr(noise.os, "urandom", urandom)
+    short = noise._random_bytes(noise.DRBG_MIN_BYTES - 1)
+    assert seeds == [short]
+    longs = [noise._random_bytes(n) for n in (noise.DRBG_MIN_BYTES, 1 << 20)]
+    assert [len(s) for s in seeds[1:]] == [44, 44] and seeds[1] != seeds[2]
+    for seed, got in zip(seeds[1:], longs, strict=True):
+        key, nonce = seed[:32], seed[32:]
+        stream = Cipher(algorithms.ChaCha20(key, bytes(4) + nonce), mode=None).encryptor()
+        assert got == stream.update(bytes(len(got)))
+    assert longs[0] != longs[1][: len(longs[0])]
+
+
+def _child_draw(conn: Any) -> None:
+    conn.send((gaussian(4096, 1.0).tobytes(), noise._random_bytes(1 << 16)))
+    conn.close()
+
+
+def test_forked_workers_never_share_a_stream() -> None:
+    """Two workers forked from one process (as the training pool forks) after it drew: each
+    draws its own stream; no 8-byte word of one appears in the other's or the parent's."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    gaussian(4096, 1.0)  # the parent draws before it forks
+    draws = []
+    for _ in range(2):
+        parent, child = ctx.Pipe()
+        worker = ctx.Process(target=_child_draw, args=(child,))
+        worker.start()
+        draws.append(parent.recv())
+        worker.join(60)
+        assert worker.exitcode == 0
+    mine = (gaussian(4096, 1.0).tobytes(), noise._random_bytes(1 << 16))
+    words = [set(np.frombuffer(z + b, dtype=np.uint64).tolist()) for z, b in [*draws, mine]]
+    assert not words[0] & words[1] and not words[0] & words[2] and not words[1] & words[2]

@@ -4,9 +4,11 @@ Nothing here takes a seed: privacy noise must not be reproducible from anything 
 could learn (the experiment seed sits in a run's metadata). A passed ``seed`` is refused.
 
 * :func:`gaussian`: continuous ``N(0, sigma^2)`` for noise *before* compression
-  (Algorithm 1 of 003). Uniforms come from ``os.urandom`` (53 random bits each) and are turned
-  into Gaussians by the Box-Muller transform. ``numpy``'s PCG-based generators are not used:
-  PCG is not a CSPRNG, its state can be recovered from outputs.
+  (Algorithm 1 of 003). Uniforms (53 random bits each) come from the OS CSPRNG: ``os.urandom``,
+  or for a read of 4 kB or more a ChaCha20 keystream keyed from ``os.urandom`` for that read
+  alone (:func:`_random_bytes`), and are turned into Gaussians by the Box-Muller transform.
+  ``numpy``'s PCG-based generators are not used: PCG is not a CSPRNG, its state can be
+  recovered from outputs.
 * :func:`secure_bernoulli`: independent ``Bernoulli(q)`` inclusions (Poisson subsampling)
   from ``os.urandom``, exactly the law of ``secure_uniform(n) <= q`` from one byte per item
   (and 8 more for the one item in 256 whose byte ties with ``q``'s).
@@ -55,10 +57,31 @@ def _check_count(n: object, where: str) -> int:
     return int(n)
 
 
+#: Reads of at least this many bytes come from the keyed generator (:func:`_random_bytes`);
+#: shorter ones from ``os.urandom`` itself (a key costs 44 bytes of it and a cipher set-up).
+DRBG_MIN_BYTES = 4096
+
+
 def _random_bytes(n: int) -> bytes:
-    """``n`` bytes from the OS CSPRNG (``os.urandom``: ``getrandom(2)`` on Linux). Every random
-    bit of this module comes through here."""
-    return os.urandom(n)
+    """``n`` bytes from the OS CSPRNG. Every random bit of this module comes through here.
+
+    Short reads are ``os.urandom`` (``getrandom(2)`` on Linux). A read of at least
+    :data:`DRBG_MIN_BYTES` is the ChaCha20 keystream (RFC 8439, OpenSSL through
+    ``cryptography``) under a 256-bit key and a 96-bit nonce drawn from ``os.urandom`` for
+    this read alone, block counter from 0: a deterministic random bit generator reseeded
+    from the OS before every draw, as NIST SP 800-90A builds one from a block cipher (and
+    Opacus's secure mode from AES-CTR). The key lives in this call's frame only; no state
+    outlives the call, so no two draws, threads or forked processes share a stream. A read
+    is at most a few MB (``_CHUNK`` words), far below the 2^38 bytes one key covers.
+    """
+    if n < DRBG_MIN_BYTES:
+        return os.urandom(n)
+    # imported on use: the flowgraphs' system interpreter loads this module too
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    seed = os.urandom(44)
+    cipher = Cipher(algorithms.ChaCha20(seed[:32], bytes(4) + seed[32:]), mode=None)
+    return cipher.encryptor().update(bytes(n))
 
 
 class _Scratch(threading.local):

@@ -10,7 +10,7 @@ could learn (the experiment seed sits in a run's metadata). A passed ``seed`` is
   ``numpy``'s PCG-based generators are not used: PCG is not a CSPRNG, its state can be
   recovered from outputs.
 * :func:`secure_bernoulli`: independent ``Bernoulli(q)`` inclusions (Poisson subsampling)
-  from ``os.urandom``, exactly the law of ``secure_uniform(n) <= q`` from one byte per item
+  from the same CSPRNG, exactly the law of ``secure_uniform(n) <= q`` from one byte per item
   (and 8 more for the one item in 256 whose byte ties with ``q``'s).
 * :func:`discrete_gaussian`: the exact discrete Gaussian ``N_Z(0, sigma^2)`` of Canonne,
   Kamath and Steinke (2020), "The Discrete Gaussian for Differential Privacy", Algorithms 1-3:
@@ -116,7 +116,7 @@ def _uniforms_into(raw: np.ndarray, out: np.ndarray) -> None:
 
 
 def secure_uniform(n: int, *, seed: object = None) -> np.ndarray:
-    """``n`` uniforms in ``(0, 1]`` from ``os.urandom`` (53 bits each), ``float64``."""
+    """``n`` uniforms in ``(0, 1]`` from the OS CSPRNG (53 bits each), ``float64``."""
     _refuse_seed(seed, "secure_uniform")
     n = _check_count(n, "secure_uniform")
     out = np.empty(n, dtype=np.float64)

@@ -414,12 +414,14 @@ class SlotReceiver:
     def settle_round(
         self, slots: Sequence[Slot], n_payload: Mapping[int, int], round_index: int,
         decoded: Callable[[int, np.ndarray], Reception | LinkError],
-        mapping: OffsetEstimate | None = None, scan: PreambleScan | None = None,
+        mapping: OffsetEstimate | None = None,
+        scan: Callable[[], PreambleScan | None] | None = None,
     ) -> dict[int, Reception | LinkError]:
         """:meth:`receive_all` with each window's decoding from ``decoded(device, window)``
         (a decode already under way: :class:`RoundReception`), the capture placed with
-        ``mapping`` (default: measured now), the collision search continued from ``scan``
-        where it holds the capture's start (:meth:`collisions`)."""
+        ``mapping`` (default: measured now), the collision search continued from what
+        ``scan()`` returns, asked once the capture is read, where it holds the capture's
+        start (:meth:`collisions`)."""
         out: dict[int, Reception | LinkError] = {}
         by_device = {s.device: s for s in slots}
         fs = self.radio.sample_rate_hz
@@ -429,9 +431,13 @@ class SlotReceiver:
         # waits for the longer of the two instead of their sum. A window whose frame
         # collided is decoded for nothing and its result dropped.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collisions") as pool:
-            search = pool.submit(self.collisions, capture, bounds, n_payload,
-                                 missing=[bounds[d] for d in lost],
-                                 scan=None if lost else scan)
+            def search_collisions() -> dict[int, int]:
+                made = scan() if scan is not None else None
+                return self.collisions(capture, bounds, n_payload,
+                                       missing=[bounds[d] for d in lost],
+                                       scan=None if lost else made)
+
+            search = pool.submit(search_collisions)
             results: dict[int, Reception | LinkError] = {}
             for device, (i0, i1) in bounds.items():
                 if device not in lost:
@@ -561,14 +567,16 @@ class RoundReception:
         :meth:`SlotReceiver.receive_all` returns them; raises as it does."""
         self._thread.join()
         # The search made while the slots went by is of the whole schedule's capture: of
-        # use when every slot is settled here (a refused device's window shortens it).
-        if {s.device for s in slots} == self._slots:
-            self._scanner.join()
-            scan: PreambleScan | None = self.scan
-        else:
+        # use when every slot is settled here (a refused device's window shortens it). It
+        # is waited for only once the capture is read (a scan behind on a loaded host must
+        # not hold the read until the ring has moved on).
+        whole = {s.device for s in slots} == self._slots
+        if not whole:
             self._stop.set()
+
+        def scan() -> PreambleScan | None:
             self._scanner.join()
-            scan = None
+            return self.scan if whole else None
 
         def decoded(device: int, window: np.ndarray) -> Reception | LinkError:
             future = self._decodes.get(device)

@@ -76,6 +76,9 @@ def outcome_line(summary: dict[str, Any], run_dir: Path | str) -> str:
     text += f", {summary['wall_time_s']:.1f} s"
     if summary.get("reason"):
         text += f" ({summary['reason']})"
+    short = (summary.get("radio_calibration") or {}).get("short")
+    if short:
+        text += f"; {short}"
     if summary.get("run_dir_removed"):
         text += "; nothing went on air, run directory removed"
     else:

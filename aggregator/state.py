@@ -17,8 +17,10 @@ import torch
 from aggregator.evaluate import subset_indices
 from aggregator.outcome import channel_only_sentence, noiseless_devices
 from radio.link import ChannelState
+from testbed.core.calibration_status import cap_channel_state
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
+from testbed.core.config.link import link_name
 from testbed.core.data.datasets import Dataset
 from testbed.core.models import get_flat, n_params
 from testbed.core.privacy.book import PrivacyBook
@@ -153,5 +155,7 @@ class RunState:
         (``None``: unknown channel or a lost upload, no channel credit); see
         :func:`testbed.core.upload_events.upload_event`."""
         up = self.uplinks[i]
+        # never credit more channel noise than the receiver's calibrated N0 lower bound
+        state = cap_channel_state(state, self.hw, link_name(self.cfg, self.hw))
         return upload_event(self.cfg, up, self.record_settings(i), i, t,
                             channel_fields(state, up, self.d))

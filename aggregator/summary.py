@@ -12,6 +12,7 @@ from aggregator.outcome import exit_code, trust_fields
 from aggregator.peer_accounting import peer_report
 from aggregator.solver.calibration import uploads_to_target
 from aggregator.state import RunState
+from testbed.core.calibration_status import calibration_summary
 from testbed.core.config.emulated import EMULATED_LABEL
 from testbed.core.config.link import link_name
 from testbed.core.radio_fallback import radio_kind
@@ -114,6 +115,8 @@ def summary(
     out: dict[str, Any] = {
         "status": status,
         **({"radios": radios} if (radios := radios_of(state)) else {}),
+        **({"radio_calibration": cal} if (cal := calibration_summary(
+            state.hw, link_name(state.cfg, state.hw))) else {}),
         "fading": applied_fading(state),
         "reason": reason,
         "exit_code": exit_code(status, completed, state.cfg),

@@ -241,7 +241,10 @@ def set_usrp_time(
     """
     if args.time_epoch == "host-pps":
         if args.time_source in PPS_TIME_SOURCES:
-            return latch_host_time_at_pps(dev, time_spec)
+            # A virtual device says what its host's clock reads (host_clock_error_s).
+            clock = getattr(dev, "host_time", None)
+            return latch_host_time_at_pps(dev, time_spec,
+                                          clock=clock if callable(clock) else time.time)
         return float(dev.get_time_now().get_real_secs())  # type: ignore[attr-defined]
     if zero_at_pps:
         # The time is 0 only once the edge has passed; read before, it is the old count

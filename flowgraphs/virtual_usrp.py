@@ -187,6 +187,11 @@ class _VirtualDevice:
         """The device's ``serial``."""
         return self.vargs.serial
 
+    def host_time(self) -> float:
+        """The clock of the host this device hangs on (s): true time plus the device args'
+        ``host_clock_error_s`` (what :func:`usrp_common.latch_host_time_at_pps` reads)."""
+        return float(self.host()) + self.vargs.host_clock_error_s
+
     @staticmethod
     def _check_source(what: str, source: str) -> str:
         if source not in SOURCES:

@@ -18,6 +18,11 @@ Keys of a virtual device's args (all but ``type`` and ``serial`` optional):
     The device clock's frequency error against the host's (ppm): device time advances
     ``1 + drift_ppm 1e-6`` seconds per host second. Only transmitters may drift: the air's
     sample timeline is the receiver's sample clock.
+``host_clock_error_s``
+    How far the clock of the host this device hangs on reads from true time (s), as the
+    flowgraph sees it when it latches the host's UNIX second at a PPS edge
+    (``--time-epoch host-pps``): a host clock more than half a second off latches the wrong
+    second, the whole-second PPS disagreement ``testbed radio calibrate`` names (tests).
 ``full_scale_w``
     Power (W) a full-scale stream (``|s| = 1``) radiates at 0 dB gain (transmitter), or the
     input power (W) that reads as full scale at 0 dB gain (receiver; default 1e-3, 0 dBm).
@@ -65,7 +70,8 @@ from dataclasses import dataclass
 
 #: Keys a virtual device's args may hold.
 VIRTUAL_KEYS = (
-    "type", "serial", "clock_offset_s", "drift_ppm", "full_scale_w", "max_power_w",
+    "type", "serial", "clock_offset_s", "drift_ppm", "host_clock_error_s", "full_scale_w",
+    "max_power_w",
     "min_gain_db", "max_gain_db", "gain_step_db",
     "gaps", "gap_samples", "gap_every_s", "gap_timing", "gap_seed",
 )
@@ -113,6 +119,7 @@ class VirtualArgs:
     serial: str
     clock_offset_s: float = 0.0
     drift_ppm: float = 0.0
+    host_clock_error_s: float = 0.0
     full_scale_w: float | None = None
     max_power_w: float = 0.1
     min_gain_db: float = 0.0
@@ -184,6 +191,7 @@ class VirtualArgs:
             serial=serial,
             clock_offset_s=num("clock_offset_s", 0.0, -1e10, 1e10),
             drift_ppm=num("drift_ppm", 0.0, -MAX_DRIFT_PPM, MAX_DRIFT_PPM),
+            host_clock_error_s=num("host_clock_error_s", 0.0, -1e6, 1e6),
             full_scale_w=(num("full_scale_w", 1.0, 0.0, 1e6, strict_lo=True)
                           if "full_scale_w" in kv else None),
             max_power_w=num("max_power_w", 0.1, 0.0, 1e3, strict_lo=True),

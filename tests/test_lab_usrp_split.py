@@ -391,6 +391,10 @@ def test_round_guard_starts_conservative_caps_and_is_fixed_with_a_shared_referen
         2 * MAX_GUARD_UNCERTAINTY_S + jitter
     )
     assert round_guard_s({0: 0.02}, [0], "external") == SHARED_REFERENCE_GUARD_S
+    # a calibration's measured guard is the least any round gets, never a cap
+    assert round_guard_s({0: 0.02}, [0], "external", floor_s=4e-3) == 4e-3
+    assert round_guard_s({0: 0.9}, [0], "internal", floor_s=4e-3) == pytest.approx(
+        2 * MAX_GUARD_UNCERTAINTY_S + jitter)
 
 
 # -- the edge: clock exchange and the over-the-air round ---------------------------------------

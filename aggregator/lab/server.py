@@ -24,6 +24,7 @@ from aggregator.lab.usrp_split import DEFAULT_TRAIN_ALLOWANCE_S, ReceiverFactory
 from aggregator.round_loop import RoundLoop
 from aggregator.run_rounds import run_rounds
 from aggregator.state import RunState
+from testbed.core.calibration_status import train_allowance
 from testbed.core.config.experiment import ExperimentConfig
 from testbed.core.config.hardware import HardwareConfig
 from testbed.core.private_air import PrivateAir
@@ -61,7 +62,7 @@ def serve(
     round_timeout_s: float = 60.0,
     join_timeout_s: float = 600.0,
     rejoin_wait_s: float = 0.0,
-    train_allowance_s: float = DEFAULT_TRAIN_ALLOWANCE_S,
+    train_allowance_s: float | None = None,
     phase_timeout_s: float = DEFAULT_PHASE_TIMEOUT_S,
     endpoint_file: Path | None = None,
     progress: bool = False,
@@ -72,8 +73,10 @@ def serve(
     """Run (``cfg`` into ``out_dir``) or continue (``resume_dir``) a lab run as aggregator.
 
     Binds the CurveZMQ server, waits for every device to join, then runs the rounds.
-    Returns the run's summary (``status`` says how it ended). ``train_allowance_s``,
-    ``receiver_factory``: the usrp link's, ``phase_timeout_s``: the secure aggregation's
+    Returns the run's summary (``status`` says how it ended). ``train_allowance_s``
+    (``None``: the hardware config's calibrated deadline, else
+    :data:`~aggregator.lab.usrp_split.DEFAULT_TRAIN_ALLOWANCE_S`), ``receiver_factory``: the
+    usrp link's, ``phase_timeout_s``: the secure aggregation's
     (:class:`~aggregator.lab.remote_devices.RemoteDevices`); ``clock``: the clock
     ``clock_req`` is answered with and the receiver maps the schedule with (s).
     ``own_air``: start the virtual air of ``hw`` on its configured addresses, logging into
@@ -96,6 +99,7 @@ def serve(
     if resume_dir is None and cfg is not None:
         check_allow_list(keys_dir, cfg.devices)  # before anything is written
     rundir, cfg, hw, start, weights, finished = open_run(resume_dir, cfg, hw, out_dir)
+    allowance_s = train_allowance(hw, train_allowance_s, DEFAULT_TRAIN_ALLOWANCE_S)
     try:
         check_allow_list(keys_dir, cfg.devices)
     except BaseException:
@@ -128,7 +132,7 @@ def serve(
             plane.wait_all_ready(join_timeout_s, stop)
         try:
             loop = lab_loop(cfg, hw, rundir, plane, round_timeout_s=round_timeout_s,
-                            rejoin_wait_s=rejoin_wait_s, train_allowance_s=train_allowance_s,
+                            rejoin_wait_s=rejoin_wait_s, train_allowance_s=allowance_s,
                             phase_timeout_s=phase_timeout_s, receiver_factory=receiver_factory)
         except Exception as exc:
             from testbed.core.privacy import LedgerError

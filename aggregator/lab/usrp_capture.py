@@ -132,8 +132,10 @@ class SlotCapture:
             return {}
         hw = self.state.hw
         receiver = self.link.receiver
+        measured = hw.calibration.guard_s if hw.calibration is not None else None
         guard = round_guard_s(self.timing_uncertainty_s, order, hw.usrp.time_source,
-                              receiver_uncertainty_s=receiver.timing_uncertainty_s)
+                              receiver_uncertainty_s=receiver.timing_uncertainty_s,
+                              floor_s=measured or 0.0)
         sizes = n_payload or {i: self.n_payload(i) for i in order}
         now = receiver.now_s()
         slots = round_slots(order, sizes, waveform_params(hw), guard, now,

@@ -178,6 +178,7 @@ def round_guard_s(
     time_source: str,
     *,
     receiver_uncertainty_s: float = 0.0,
+    floor_s: float = 0.0,
 ) -> float:
     """Guard (s) on each side of a burst for the devices of one round.
 
@@ -192,19 +193,22 @@ def round_guard_s(
         ``usrp.time_source``: a shared reference gives the fixed guard.
     receiver_uncertainty_s
         The receiver's own schedule-to-USRP mapping uncertainty (s).
+    floor_s
+        The least guard (s): the one the hardware config's calibration measured the bench's
+        timing errors and drift to need (``calibration.guard_s``; 0 without one).
 
     Returns
     -------
     float
         :func:`radio.tdma.slot_guard_s` of the worst device's uncertainty (capped at
-        :data:`MAX_GUARD_UNCERTAINTY_S`) plus the receiver's.
+        :data:`MAX_GUARD_UNCERTAINTY_S`) plus the receiver's, at least ``floor_s``.
     """
     worst = max(
         (reported_s.get(i, INITIAL_TIMING_UNCERTAINTY_S) for i in devices),
         default=INITIAL_TIMING_UNCERTAINTY_S,
     )
     worst = min(worst, MAX_GUARD_UNCERTAINTY_S)
-    return slot_guard_s(worst + receiver_uncertainty_s, time_source)
+    return max(slot_guard_s(worst + receiver_uncertainty_s, time_source), float(floor_s))
 
 
 def round_slots(

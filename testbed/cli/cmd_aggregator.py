@@ -86,11 +86,11 @@ def register(sub: Any) -> None:
                    help="seconds a round waits for uploads before closing without a device")
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=600.0,
                    help="seconds to wait for every device to join")
-    p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
+    p.add_argument("--train-allowance", type=train_allowance, default=None, metavar="SECONDS",
                    help="usrp link: deadline (s) for an edge to train and prepare its burst "
                         "after the round request; the slots are set once every edge is "
                         "ready, a device not ready by then sits the round out, uncharged "
-                        "(default 10)")
+                        "(default: the hardware config's calibrated deadline, else 10)")
     p.add_argument("--phase-timeout", type=positive_seconds("--phase-timeout"), default=None,
                    metavar="SECONDS",
                    help="zcdp-secagg: seconds each secure-aggregation phase after the keys "

@@ -51,10 +51,23 @@ def register(sub: Any) -> None:
             "answer at all."
         ),
     )
-    p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT")
+    p.add_argument("--connect", metavar="tcp://HOST:PORT",
+                   help="the aggregator (required, except with --calibrate)")
     p.add_argument("--device-id", type=_device_id, required=True)
-    p.add_argument("--keys", type=Path, required=True, metavar="DIR",
-                   help="device-I.key, device-I.key_secret and aggregator.key")
+    p.add_argument("--keys", type=Path, metavar="DIR",
+                   help="device-I.key, device-I.key_secret and aggregator.key (required, "
+                   "except with --calibrate)")
+    p.add_argument("--calibrate", metavar="CONFIG", default=None,
+                   help="join nothing: time this device's training and encoding of one "
+                   "round of the job CONFIG on this host (--calibrate-rounds times, --set "
+                   "overrides, --data-dir as for a run) and print the --train-time flag "
+                   "for testbed radio calibrate (docs/lab.md, 'Calibration')")
+    p.add_argument("--calibrate-rounds", type=int, default=3, metavar="N",
+                   help="rounds --calibrate times (default 3; the first includes building "
+                   "the trainer, as a run's first round does)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="with --calibrate: override a key of CONFIG")
+    p.add_argument("--json", action="store_true", help="with --calibrate: one JSON object")
     p.add_argument("--state-dir", action=PathOption, metavar="DIR",
                    help="this device's ledger (default: edge-state/device-I)")
     p.add_argument("--hw", metavar="HW_CONFIG", help="this host's hardware config")
@@ -102,6 +115,26 @@ def torch_missing_message(exc: ModuleNotFoundError) -> str | None:
             f"around it: make edge PY={sys.executable} (scripts/install_edge.py)")
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    """``--calibrate CONFIG``: time this device's round on this host (no aggregator)."""
+    from edge_device.lab.train_timing import time_training
+    from testbed.cli.output import emit
+    from testbed.core.config.errors import ConfigError
+    from testbed.core.config.loader import load_experiment
+
+    cfg = load_experiment(args.calibrate, args.overrides)
+    try:
+        timing = time_training(cfg, args.device_id, rounds=args.calibrate_rounds,
+                               data_dir=args.data_dir)
+    except ValueError as exc:  # a ConfigError is one too, and says what to set
+        raise ConfigError(str(exc)) from None
+    emit({"device": timing.device, "seconds": timing.seconds, "worst_s": timing.worst_s,
+          "compute": timing.compute, "samples": timing.samples,
+          "train_time_flag": f"--train-time {timing.device}={timing.worst_s:.2f}"},
+         args.json, [timing.line()])
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     try:  # the edge trains: without torch, say so before anything else happens
         from edge_device.lab.agent import EdgeAgent
@@ -110,6 +143,14 @@ def _run(args: argparse.Namespace) -> int:
         if message is None:
             raise
         print(f"testbed edge: error: {message}", file=sys.stderr)
+        return 2
+    if args.calibrate is not None:
+        return _calibrate(args)
+    missing = [flag for flag, value in (("--connect", args.connect), ("--keys", args.keys))
+               if value is None]
+    if missing:
+        print(f"testbed edge: error: the following arguments are required: "
+              f"{', '.join(missing)} (or --calibrate CONFIG)", file=sys.stderr)
         return 2
     from edge_device.lab.errors import EdgeError
     from testbed.cli.cmd_aggregator import setup_logging

@@ -60,9 +60,10 @@ def register(sub: Any) -> None:
                         "parameters, through one virtual air")
     p.add_argument("--round-timeout", type=positive_seconds("--round-timeout"), default=60.0)
     p.add_argument("--join-timeout", type=positive_seconds("--join-timeout"), default=120.0)
-    p.add_argument("--train-allowance", type=train_allowance, default=10.0, metavar="SECONDS",
+    p.add_argument("--train-allowance", type=train_allowance, default=None, metavar="SECONDS",
                    help="usrp link: deadline (s) for an edge to train and prepare its burst; "
-                        "slots are set once every edge is ready (default 10)")
+                        "slots are set once every edge is ready (default: the hardware "
+                        "config's calibrated deadline, else 10)")
     p.add_argument("--phase-timeout", type=positive_seconds("--phase-timeout"), default=None,
                    metavar="SECONDS",
                    help="zcdp-secagg: seconds each secure-aggregation phase after the keys "

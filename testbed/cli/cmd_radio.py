@@ -1,9 +1,12 @@
-"""``testbed radio probe|check|loopback``: find radios, validate hardware configs, test links.
+"""``testbed radio probe|check|loopback|calibrate``: find radios, validate hardware configs,
+test links, measure a bench.
 
 ``probe`` lists the USRPs UHD finds (through ``/usr/bin/python3``); ``check`` validates a
 hardware config and builds its flowgraphs without starting them; ``loopback`` sends a known
 payload over a link and reports the payload NMSE, the SNR estimate and its confidence
-interval, the frequency-offset estimate and the samples lost.
+interval, the frequency-offset estimate and the samples lost; ``calibrate`` measures the
+config's radios into a calibration the config includes
+(:mod:`testbed.cli.cmd_radio_calibrate`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from radio.flowgraph_process import (
 from radio.tdma import BURST_START_JITTER_S, slot_guard_s
 from radio.uhd_probe import find_usrps
 from radio.virtual_device import is_virtual
+from testbed.cli.cmd_radio_calibrate import add_calibrate_parser
 from testbed.cli.cmd_radio_loopback import MAX_LOOPBACK_TRIALS, SNR_DB_HELP, cmd_loopback
 from testbed.cli.output import emit
+from testbed.core.calibration_status import calibration_status
 from testbed.core.config.hardware import (
     DeviceRadio,
     HardwareConfig,
@@ -101,6 +106,8 @@ def _grcc(name: str, outdir: Path) -> str:
 
 #: Status of a check: passed, failed, or (devices) deliberately not opened.
 OK, FAIL, NOT_OPENED = "ok", "FAIL", "not opened"
+#: A check that does not fail the config but needs doing (an uncalibrated or stale bench).
+WARN = "warn"
 
 #: What stands in for each flowgraph's UHD block when devices are not opened.
 _STAND_IN = {"tx": ("uhd.usrp_sink", "null sink"), "rx": ("uhd.usrp_source", "null source")}
@@ -191,6 +198,9 @@ def _edge_checks(
                 f"offset uncertainty + {1e3 * BURST_START_JITTER_S:.2f} ms jitter "
                 f"({1e3 * guard:.2f} ms at a 1 ms RTT)")
     rows.append(_check("tdma guard", OK, text))
+    status = calibration_status(hw, "usrp")
+    rows.append(_check("radio calibration", OK if status.state == "current" else WARN,
+                       status.line))
     return rows, None
 
 
@@ -343,3 +353,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     lb.add_argument("--seed", type=int, default=0, help="payload and channel seed")
     lb.add_argument("--json", action="store_true", help="print one JSON object")
     lb.set_defaults(func=cmd_loopback)
+
+    add_calibrate_parser(sub)

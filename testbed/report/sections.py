@@ -281,7 +281,12 @@ def settings_table(run: RunData) -> Table:
             t.rows.append([label("link used"), cell, label(f"{file}: link")])
             break
     for path, what in (("radios",), "radios"), (("fading", "model"), "fading applied"), \
-            (("fading", "source"), "fading imposed by"), (("fading", "speed_kmh"), "speed (km/h)"):
+            (("fading", "source"), "fading imposed by"), \
+            (("fading", "speed_kmh"), "speed (km/h)"), \
+            (("radio_calibration", "line"), "radio calibration"), \
+            (("radio_calibration", "n0_cap"), "credited N0 at most (calibrated lower bound)"), \
+            (("radio_calibration", "guard_s"), "calibrated guard (s)"), \
+            (("radio_calibration", "deadline_s"), "calibrated deadline (s)"):
         if run.applied(*path) is not None:
             t.rows.append([label(what), value_cell(run.summary, SUMMARY, path),
                            label(f"{SUMMARY}: {'.'.join(path)}")])

@@ -37,6 +37,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from radio.link_budget import budget_snr_db, path_gain
 from radio.usrp_settings import DeviceRadio, ReceiverRadio
 from radio.virtual_device import VirtualArgs, is_virtual, split_args
+from testbed.core.config.calibration import DEFAULT_MAX_AGE_DAYS, Calibration
 from testbed.core.config.emulated import EmulatedRadios
 from testbed.core.config.errors import ConfigError
 from testbed.core.config.link import LinkName
@@ -227,6 +228,12 @@ class HardwareConfig(StrictModel):
     gnuradio: GnuradioSection = GnuradioSection()
     usrp: UsrpSection = UsrpSection()
     virtual_air: VirtualAirSection = VirtualAirSection()
+    calibration: Calibration | None = Field(
+        None, description="what testbed radio calibrate measured (in YAML: the path of its "
+        "CAL.yaml, relative to this file; the loader embeds it); null: not calibrated")
+    calibration_max_age_days: float = Field(
+        DEFAULT_MAX_AGE_DAYS, gt=0, le=3650,
+        description="a calibration older than this (days) is reported stale by every run")
 
     @field_validator("snr_sweep_db")
     @classmethod
@@ -369,7 +376,9 @@ def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
     """The effective transmitter settings of ``device``.
 
     With ``usrp.devices`` listed, the device's entry (its ``tx_power_ref_w`` defaults to
-    the top-level one); without, every device gets the ``usrp`` section's transmitter.
+    the top-level one); without, every device gets the ``usrp`` section's transmitter. A
+    ``tx_power_ref_w`` the config's calibration measured at these settings replaces the
+    configured one (:func:`calibrated_tx_power_ref_w`).
 
     Raises
     ------
@@ -387,15 +396,17 @@ def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
         "burst_lead_s": u.burst_lead_s, "python": hw.gnuradio.python,
         "air_address": hw.virtual_air.burst_address if hw.virtual else "",
     }
-    if not u.devices:
+    if not u.devices:  # one transmitter for all: the calibration's device 0
+        ref = calibrated_tx_power_ref_w(hw, 0, u.tx_gain_db, u.tx_args) or hw.tx_power_ref_w
         return DeviceRadio(
             device=device, key="usrp.tx_args", tx_args=u.tx_args, tx_gain_db=u.tx_gain_db,
             tx_antenna=u.tx_antenna, max_tx_power_w=u.max_tx_power_w,
-            tx_power_ref_w=hw.tx_power_ref_w, **shared,
+            tx_power_ref_w=ref, **shared,
         )
     for i, e in enumerate(u.devices):
         if e.device == device:
             ref = e.tx_power_ref_w if e.tx_power_ref_w is not None else hw.tx_power_ref_w
+            ref = calibrated_tx_power_ref_w(hw, device, e.tx_gain_db, e.tx_args) or ref
             return DeviceRadio(
                 device=device, key=f"usrp.devices[{i}]", tx_args=e.tx_args,
                 tx_gain_db=e.tx_gain_db, tx_antenna=e.tx_antenna,
@@ -406,6 +417,23 @@ def device_radio(hw: HardwareConfig, device: int) -> DeviceRadio:
         f"device {device}: hardware config '{hw.name}' has no usrp.devices entry for it "
         f"(configured device ids: {ids}); add one with its own tx_args"
     )
+
+
+def calibrated_tx_power_ref_w(hw: HardwareConfig, device: int, tx_gain_db: float,
+                              tx_args: str) -> float | None:
+    """The ``tx_power_ref_w`` (W) the config's calibration measured for ``device``, when it
+    applies: measured on the same USRP (``tx_args``), at the same gain and DAC amplitude
+    (``usrp.tx_amplitude``) as now configured. ``None``: no calibration, the device not in
+    it, its power not measured (no known attenuation), or measured at other settings."""
+    cal = hw.calibration
+    entry = None if cal is None else cal.device(device)
+    if entry is None or entry.tx_power_ref_w is None:
+        return None
+    if (abs(entry.tx_gain_db - tx_gain_db) > 1e-6
+            or abs(entry.tx_amplitude - hw.usrp.tx_amplitude) > 1e-9
+            or not same_usrp(entry.tx_args, tx_args)):
+        return None
+    return entry.tx_power_ref_w
 
 
 def virtual_budget_snr_db(hw: HardwareConfig, device: int) -> float | None:

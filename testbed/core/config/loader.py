@@ -35,6 +35,7 @@ __all__ = [
     "default_experiment_dict",
     "dump_yaml",
     "hw_config_dir",
+    "include_calibration",
     "load_experiment",
     "load_hardware",
     "parse_override",
@@ -272,8 +273,44 @@ def load_hardware(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Ha
     path = resolve_hw_config_path(str(name_or_path))
     data = apply_overrides(_read_nonempty(path, "hardware config file",
                                           "e.g. hw_configs/sim.yaml"), overrides, "--hw-set")
+    data = include_calibration(data, path)
     return validate(HardwareConfig, data, "hardware config",
                     context={SOURCE_CONTEXT_KEY: str(path)})
+
+
+def include_calibration(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``data`` with its ``calibration: CAL.yaml`` include replaced by the file's content.
+
+    The path is relative to the hardware config's own file ``path`` (absolute paths are
+    kept); the embedded mapping gets ``source``, the file it came from. A ``calibration``
+    that is already a mapping (a resolved config written by a run) or null is left alone.
+
+    Raises
+    ------
+    ConfigError
+        The file is missing, is not YAML, or holds no mapping; the message names the key
+        ``calibration``, the value and the file looked for.
+    """
+    value = data.get("calibration")
+    if not isinstance(value, str):
+        return data
+    if not value.strip():
+        raise ConfigError("hardware config key 'calibration': got ''; allowed: the path of a "
+                          "file written by testbed radio calibrate --out, or null")
+    target = Path(value).expanduser()
+    if not target.is_absolute():
+        target = path.resolve().parent / target
+    if not target.is_file():
+        raise ConfigError(
+            f"hardware config key 'calibration': got {short_repr(value)}; no such file "
+            f"'{target}' (relative paths are read beside '{path}'); allowed: a file written "
+            "by testbed radio calibrate --out, or null"
+        )
+    try:
+        cal = read_yaml_mapping(target, "calibration file")
+    except ConfigError as exc:
+        raise ConfigError(f"hardware config key 'calibration': {exc}") from None
+    return {**data, "calibration": {**cal, "source": str(target)}}
 
 
 def dump_yaml(model: BaseModel) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aggregator.round_close import reaches_target
 from aggregator.round_loop import RoundLoop
+from aggregator.run_board import open_run_board
 from aggregator.solver.calibration import uploads_to_target
 from aggregator.summary import summary as build_summary
 from radio.link import LinkFailed
@@ -74,6 +75,7 @@ def run_rounds(
             start_round = cfg.rounds
     summary: dict[str, Any] = {}
     startup_s: float | None = None  # this process's age when its first round began
+    board = None  # the run's TensorBoard event files (aggregator.run_board)
     try:
         # The device side first: a training pool's workers fork before signal handlers,
         # link processes and threads exist, and it is closed (workers reaped) after the link.
@@ -87,6 +89,7 @@ def run_rounds(
             state.eval_threads = cfg.torch_threads * max(1, devices.workers)
             startup_s = process_age_s()
             startup_gc.resume()
+            board = open_run_board(loop, start_round, emit or _print_to_stderr)
             for t in range(start_round, cfg.rounds):
                 stop.check()
                 line = loop.run_one_round(t, link, stop)
@@ -99,6 +102,8 @@ def run_rounds(
                     break
                 with stop.critical():
                     rundir.commit_round(t, state.w, {"d": state.d}, line)
+                if board is not None:
+                    board.round(line)
                 if on_round is not None:
                     on_round(line)
                 if cfg.stop_at_loss is not None:
@@ -128,6 +133,8 @@ def run_rounds(
             if state.book is not None:
                 state.book.close()
             rundir.write_summary(summary)
+            if board is not None:
+                board.close(summary)
             rundir.close()
         finally:
             devices.end_run(summary)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the testbed needs, only those that are missing.
 # Idempotent: a second run installs nothing and takes well under a second.
+# chromium: the headless browser the `testbed watch` tests open TensorBoard in.
 set -euo pipefail
-pkgs=(gnuradio python3-uhd dataset-fashion-mnist python3-venv)
+pkgs=(gnuradio python3-uhd dataset-fashion-mnist python3-venv chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

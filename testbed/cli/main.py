@@ -51,6 +51,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "testbed.cli.cmd_sweep",
     "testbed.cli.cmd_report",
     "testbed.cli.cmd_reproduce",
+    "testbed.cli.cmd_watch",
 )
 
 

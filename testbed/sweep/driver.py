@@ -8,6 +8,7 @@ Output folder layout::
     OUT/logs/<cell>.log   the output of the cell's `testbed run` (appended per attempt)
     OUT/results.csv       one row per cell (testbed.sweep.results.RESULT_COLUMNS)
     OUT/results.png       accuracy against the first numeric grid key
+    OUT/tensorboard/      the HParams view's experiment (each cell's in its run directory)
     OUT/.lock             held while a sweep uses the folder
 
 While it runs, one line per cell start and per cell end, each with a running count
@@ -40,6 +41,7 @@ from testbed.core.config.errors import ConfigError
 from testbed.core.config.safe_yaml import dump_yaml_text
 from testbed.core.runs.interrupts import raise_interrupt, sigterm_as_interrupt
 from testbed.core.runs.rundir import RunDirError, atomic_write_bytes, lock_directory
+from testbed.sweep.board import write_sweep_hparams
 from testbed.sweep.cells import Cell, build_cells, cell_action, read_summary
 from testbed.sweep.progress import CellCount, cell_end_line, cell_start_line, outcome_text
 from testbed.sweep.results import plot_results, result_row, write_csv
@@ -298,6 +300,7 @@ def _run_locked(
                                                 note, index, save, count)
     save()
     plot_results(result.rows, result.grid_keys, result.plot, spec.name)
+    write_sweep_hparams(result.rows, result.grid_keys, out, note)  # TensorBoard's HParams
     note(f"results: {result.table}, {result.plot}")
     return result
 

@@ -65,6 +65,8 @@ def reception_metrics(reception: Reception, symbols: np.ndarray) -> dict[str, fl
         "noise_var": state.noise_var,
         "airtime_s": reception.airtime_s,
     }
+    if state.estimated:  # the frame's N0 lower bound (the channel credit rests on it)
+        out["noise_var_lower"] = state.noise_var_lower
     if "timing_error_s" in reception.info:  # a TDMA slot's capture: what the lab sees
         out.update({k: float(reception.info[k]) for k in SLOT_INFO if k in reception.info})
     return out

@@ -255,6 +255,11 @@ def test_round_figures_count_causes_and_skip_non_finite() -> None:
     again = figures.scalars({**line, "round": 1, "devices": devices[1:2]})
     assert again["uploads_cause/lost_collision"] == 2.0
     assert again["uploads_cause/refused_budget"] == 1.0  # a running count, kept
+    # an estimated channel's N0 and its lower bound (what the channel credit rests on)
+    est = figures.scalars({**line, "round": 2, "devices": [
+        {"device": 4, "transmitted": True, "snr_db": 20.0, "noise_var": 0.0099,
+         "noise_var_lower": 0.0045}]})
+    assert est["n0/device_04"] == 0.0099 and est["n0_lower/device_04"] == 0.0045
     assert classify_cause("burst reported late by the USRP") == "late_burst"
     assert classify_cause("receiver gap at 12.3 s") == "receiver_gap"
     assert classify_cause("something else") == "other"

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 ALLOWED_TAGS = re.compile(
     r"^(accuracy/(test|subset)|loss/(train|test|subset)"
     r"|epsilon/(device_\d+|max|target)"
-    r"|snr_db/(device_\d+(_budget)?|min|mean)|n0(_off_frame)?/device_\d+"
+    r"|snr_db/(device_\d+(_budget)?|min|mean)|n0(_off_frame|_lower)?/device_\d+"
     r"|uploads/(received|lost|late|refused)|uploads_cause/(lost|late|refused)_[a-z_]+"
     r"|energy_j/(device_\d+|round|total)|round_time_s/[a-z_]+"
     r"|air/budget_snr_db/[\w.-]+|air/burst_timeline|radio/received_constellation"

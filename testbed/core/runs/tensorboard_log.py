@@ -18,7 +18,10 @@ tag                         what
                             else the reception's ``snr_db``); ``snr_db/device_NN_budget``
                             the configured SNR of a simulated link; ``snr_db/min``,
                             ``snr_db/mean``
-``n0/device_NN``            the reception's noise-variance estimate; ``n0_off_frame/…``
+``n0/device_NN``            the reception's noise-variance estimate; ``n0_lower/…``
+                            its lower confidence bound (an estimated channel: what
+                            the credit rests on, before a calibration's cap);
+                            ``n0_off_frame/…``
                             a slot capture's off-frame noise (where the line has them)
 ``uploads/…``               ``received``, ``lost``, ``late`` (no answer in time),
                             ``refused``, per round; ``uploads_cause/<kind>_<cause>``
@@ -181,7 +184,8 @@ class RoundFigures:
                     out[f"snr_db/{tag}"] = snr
             if tag and self.budget is not None and kind == "received" and i < len(self.budget):
                 out[f"snr_db/{tag}_budget"] = float(self.budget[i])
-            for key, group in (("noise_var", "n0"), ("n0_off_frame", "n0_off_frame")):
+            for key, group in (("noise_var", "n0"), ("noise_var_lower", "n0_lower"),
+                               ("n0_off_frame", "n0_off_frame")):
                 x = _finite(d.get(key))
                 if x is not None and tag:
                     out[f"{group}/{tag}"] = x
